@@ -46,11 +46,15 @@ def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
     if not unbiased:
         return var
     n = m.sum()
-    return var * n / (n - 1).clamp(min=1.0)
+    return torch.where(n > 1, var * n / (n - 1).clamp(min=1.0), torch.zeros_like(var))
 
 
 def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True) -> Tensor:
-    """(x - mean) * rsqrt(var + 1e-8) over the masked entries; the mean is added back if not shift_mean."""
+    """(x - mean) * rsqrt(var + 1e-8) over the masked entries; the mean is added back if not shift_mean.
+
+    Masked positions of the result hold (0 - mean) * rsqrt(var + 1e-8): finite, never read.
+    """
+    x = torch.where(mask != 0, x, torch.zeros((), dtype=x.dtype, device=x.device))  # no NaN in backward
     mean = masked_mean(x, mask)
     whitened = (x - mean) * torch.rsqrt(masked_var(x, mask) + 1e-8)
     return whitened if shift_mean else whitened + mean
