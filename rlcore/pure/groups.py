@@ -42,5 +42,7 @@ def group_stats(scores: Tensor, group_ids: Tensor) -> GroupStats:
     # sqrt has an infinite slope at 0: take the std of a constant group as 0 with a 0 gradient,
     # so a group of one or of equal scores never turns a backward pass into NaN.
     positive = var > 0
-    std = torch.where(positive, torch.where(positive, var, torch.ones_like(var)).sqrt(), torch.zeros_like(var))
+    std = torch.where(
+        positive, torch.where(positive, var, torch.ones_like(var)).sqrt(), torch.zeros_like(var)
+    )
     return GroupStats(inverse, count, mean, std)

@@ -36,7 +36,12 @@ def test_grpo_by_hand_with_a_group_of_one():
     ids = torch.tensor([5, 5, 5, 9])
     mean, std = 1 / 3, math.sqrt(((2 / 3) ** 2 + 2 * (1 / 3) ** 2) / 2)  # unbiased std of (1, 0, 0)
     eps = 1e-6
-    expected = [(1 - mean) / (std + eps), (0 - mean) / (std + eps), (0 - mean) / (std + eps), (2 - 0) / (1 + eps)]
+    expected = [
+        (1 - mean) / (std + eps),
+        (0 - mean) / (std + eps),
+        (0 - mean) / (std + eps),
+        (2 - 0) / (1 + eps),
+    ]
     a, ret = adv.grpo(r, m, ids)
     torch.testing.assert_close(a, torch.tensor(expected, dtype=F64)[:, None] * m, atol=ATOL, rtol=0)
     assert torch.equal(a, ret)
@@ -52,7 +57,12 @@ def test_drgrpo_is_grpo_without_the_std():
 def test_rloo_by_hand():
     r, m = outcome([1.0, 0.0, 0.0, 2.0])
     a, _ = adv.rloo(r, m, torch.tensor([5, 5, 5, 9]))
-    expected = [1 - (0 + 0) / 2, 0 - (1 + 0) / 2, 0 - (1 + 0) / 2, 2.0]  # s_i - mean of the others; alone: raw
+    expected = [
+        1 - (0 + 0) / 2,
+        0 - (1 + 0) / 2,
+        0 - (1 + 0) / 2,
+        2.0,
+    ]  # s_i - mean of the others; alone: raw
     torch.testing.assert_close(a[:, 0], torch.tensor(expected, dtype=F64), atol=ATOL, rtol=0)
 
 
@@ -107,7 +117,9 @@ def test_gae_skips_observation_tokens():
     a2 = (0 + g * v3 - v2) + g * lam * a3
     a0 = (0 + g * v2 - v0) + g * lam * a2  # the next kept token after 0 is 2
     a, ret = adv.gae(r, v, m, gamma=g, lam=lam)
-    torch.testing.assert_close(ret, torch.tensor([[a0 + v0, 0.0, a2 + v2, a3 + v3]], dtype=F64), atol=ATOL, rtol=0)
+    torch.testing.assert_close(
+        ret, torch.tensor([[a0 + v0, 0.0, a2 + v2, a3 + v3]], dtype=F64), atol=ATOL, rtol=0
+    )
     raw = torch.tensor([a0, a2, a3], dtype=F64)
     white = (raw - raw.mean()) / torch.sqrt(raw.var() + 1e-8)  # torch.var is unbiased
     torch.testing.assert_close(a[0, [0, 2, 3]], white, atol=ATOL, rtol=0)
@@ -159,7 +171,9 @@ def random_case(seed, b=24, t_len=7):
     raw_ids = torch.randint(0, 6, (b,), generator=gen)
     ids = raw_ids * 1000 - 37  # non-contiguous, negative, unsorted labels; singletons likely
     if seed % 3 == 0:
-        r = torch.where(m > 0, torch.randint(0, 2, (b, t_len), generator=gen).to(F64), r)  # binary rewards, ties
+        r = torch.where(
+            m > 0, torch.randint(0, 2, (b, t_len), generator=gen).to(F64), r
+        )  # binary rewards, ties
     return r, m, ids
 
 

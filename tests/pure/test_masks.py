@@ -15,7 +15,9 @@ def test_masked_sum_and_mean_by_hand():
     assert masked_sum(x, m) == 1 + 2 + 3 + 4  # the 100 and the NaN are masked
     torch.testing.assert_close(masked_sum(x, m, dim=-1), torch.tensor([1 + 2, 3 + 4], dtype=F64))
     torch.testing.assert_close(masked_mean(x, m), torch.tensor((1 + 2 + 3 + 4) / (4 + 1e-8), dtype=F64))
-    torch.testing.assert_close(masked_mean(x, m, dim=-1), torch.tensor([3 / (2 + 1e-8), 7 / (2 + 1e-8)], dtype=F64))
+    torch.testing.assert_close(
+        masked_mean(x, m, dim=-1), torch.tensor([3 / (2 + 1e-8), 7 / (2 + 1e-8)], dtype=F64)
+    )
 
 
 def test_empty_mask_gives_zero_not_nan():
@@ -32,7 +34,9 @@ def test_masked_var_unbiased_by_hand():
     n = 3 + 1e-8  # verl's masked_mean denominator
     mean = 7 / n
     biased = ((1 - mean) ** 2 + (2 - mean) ** 2 + (4 - mean) ** 2) / n
-    torch.testing.assert_close(masked_var(x, m, unbiased=False), torch.tensor(biased, dtype=F64), atol=1e-9, rtol=0)
+    torch.testing.assert_close(
+        masked_var(x, m, unbiased=False), torch.tensor(biased, dtype=F64), atol=1e-9, rtol=0
+    )
     torch.testing.assert_close(masked_var(x, m), torch.tensor(biased * 3 / 2, dtype=F64), atol=1e-9, rtol=0)
     assert masked_var(x, torch.tensor([0.0, 1.0, 0.0, 0.0], dtype=F64)) == 0  # one token: 0 (verl raises)
 
