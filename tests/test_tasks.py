@@ -1,0 +1,62 @@
+"""Built-in tasks: determinism, disjoint splits, and each reward on right / wrong / ill-formed answers."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlcore.data.tasks import TASKS, compute_score, generate_rows, split_of
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_rows_are_deterministic_and_splits_disjoint(task):
+    train = generate_rows(task, "train", 200, seed=3)
+    assert train == generate_rows(task, "train", 200, seed=3)
+    assert train != generate_rows(task, "train", 200, seed=4)
+    val = generate_rows(task, "val", 50, seed=3)
+    train_prompts = {r["prompt"][0]["content"] for r in train}
+    val_prompts = {r["prompt"][0]["content"] for r in val}
+    assert not train_prompts & val_prompts
+    assert all(split_of(p) == "val" for p in val_prompts)
+    row = train[0]
+    assert row["data_source"] == f"builtin/{task}"
+    assert set(row) == {"data_source", "prompt", "ability", "reward_model", "extra_info"}
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_every_ground_truth_scores_one(task):
+    for row in generate_rows(task, "val", 30, seed=0):
+        truth = row["reward_model"]["ground_truth"]
+        answer = truth.split("|", 1)[1] if task == "countdown" else truth
+        assert compute_score(row["data_source"], f" {answer}\n", truth) == 1.0
+
+
+def test_reverse_and_sort_give_positional_partial_credit():
+    assert compute_score("builtin/reverse", "31204", "31204") == 1.0
+    assert compute_score("builtin/reverse", "31299", "31204") == 3 / 5  # 3 of 5 positions right
+    assert compute_score("builtin/reverse", "312", "31204") == 3 / 5  # short answers lose the rest
+    assert compute_score("builtin/sort", "0123456", "01234") == 5 / 7  # over the longer string
+    assert compute_score("builtin/sort", "", "01234") == 0.0
+
+
+def test_add_is_exact():
+    assert compute_score("builtin/add", "82", "82") == 1.0
+    assert compute_score("builtin/add", "83", "82") == 0.0
+    assert compute_score("builtin/add", "eighty-two", "82") == 0.0
+
+
+def test_countdown_checks_numbers_and_target():
+    truth = "29|(3*7)+8"
+    assert compute_score("builtin/countdown", "8+7*3", truth) == 1.0  # any order, same numbers
+    assert compute_score("builtin/countdown", "(3+7)+8", truth) == 0.1  # well formed, wrong value
+    assert compute_score("builtin/countdown", "3*7+8+0", truth) == 0.1  # an extra number
+    assert compute_score("builtin/countdown", "3*7+8*1", truth) == 0.1
+    assert compute_score("builtin/countdown", "__import__('os')", truth) == 0.0  # never evaluated
+    assert compute_score("builtin/countdown", "8/(3-3)+7", truth) == 0.0  # division by zero
+    assert compute_score("builtin/countdown", "((((", truth) == 0.0
+
+
+def test_unknown_task_and_source_are_clear_errors():
+    with pytest.raises(ValueError, match="unknown built-in task 'nope'"):
+        generate_rows("nope", "train", 1)
+    with pytest.raises(ValueError, match="no built-in reward for data_source 'gsm8k'"):
+        compute_score("gsm8k", "1", "1")
