@@ -37,6 +37,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "masks",
     "token_logprobs",
     "value_loss",
 ]
