@@ -1,0 +1,128 @@
+"""Loading a policy: a built-in tiny Llama (`builtin:<name>`) or a local Hugging Face directory.
+
+    model, tokenizer = load_policy("builtin:tiny")                      # ~0.4M params, seeded init
+    model, tokenizer = load_policy("/models/Qwen2.5-0.5B-Instruct", dtype=torch.bfloat16)
+
+A built-in model is a real `transformers` `LlamaForCausalLM` with the character-level tokenizer of
+`rlcore.models.tokenizer`; it saves and reloads with `save_pretrained` / `from_pretrained` like any
+other. If `rlcore/models/weights/<name>/` holds a `save_pretrained` directory, its weights are
+loaded instead of the seeded random init.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+
+from rlcore.models.tokenizer import build_char_tokenizer
+
+BUILTIN_PREFIX = "builtin:"
+WEIGHTS_DIR = Path(__file__).parent / "weights"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BuiltinSpec:
+    """Size of a built-in Llama; everything else comes from the tokenizer and Llama defaults."""
+
+    hidden_size: int
+    """Width of the residual stream."""
+    intermediate_size: int
+    """Width of the SwiGLU MLP."""
+    num_layers: int
+    """Decoder layers."""
+    num_heads: int
+    """Attention (query) heads; head_dim = hidden_size / num_heads."""
+    num_kv_heads: int
+    """Key/value heads (grouped-query attention when fewer than num_heads)."""
+    max_positions: int = 2048
+    """Longest sequence (prompt + response) in tokens, i.e. characters."""
+
+
+BUILTIN_MODELS: dict[str, BuiltinSpec] = {
+    "tiny": BuiltinSpec(hidden_size=96, intermediate_size=256, num_layers=4, num_heads=4, num_kv_heads=2),
+    "small": BuiltinSpec(hidden_size=256, intermediate_size=688, num_layers=6, num_heads=8, num_kv_heads=4),
+}
+
+
+def builtin_spec(name: str) -> BuiltinSpec:
+    """The spec of built-in model `name`; an unknown name is a one-line ValueError listing the choices."""
+    if name not in BUILTIN_MODELS:
+        raise ValueError(
+            f"unknown built-in model {BUILTIN_PREFIX}{name}; choose one of {sorted(BUILTIN_MODELS)}"
+        )
+    return BUILTIN_MODELS[name]
+
+
+def builtin_config(name: str, tokenizer: Any) -> LlamaConfig:
+    """The `LlamaConfig` of built-in model `name` for `tokenizer`'s vocabulary."""
+    spec = builtin_spec(name)
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        max_position_embeddings=spec.max_positions,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def load_policy(
+    path: str, *, dtype: torch.dtype = torch.float32, seed: int = 0
+) -> tuple[PreTrainedModel, Any]:
+    """(model, tokenizer) for `builtin:<name>` or a local Hugging Face model directory, in eval mode.
+
+    `seed` fixes a built-in model's random init (without touching the global RNG); it is unused
+    when weights are loaded from disk.
+    """
+    if path.startswith(BUILTIN_PREFIX):
+        return _load_builtin(path.removeprefix(BUILTIN_PREFIX), dtype=dtype, seed=seed)
+    return _load_pretrained(path, dtype=dtype)
+
+
+def _load_builtin(name: str, *, dtype: torch.dtype, seed: int) -> tuple[PreTrainedModel, Any]:
+    tokenizer = build_char_tokenizer(model_max_length=builtin_spec(name).max_positions)
+    weights = WEIGHTS_DIR / name
+    if (weights / "config.json").is_file():
+        model = AutoModelForCausalLM.from_pretrained(weights, dtype=dtype, local_files_only=True)
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = LlamaForCausalLM(builtin_config(name, tokenizer))
+        model = model.to(dtype)
+    return model.eval(), tokenizer
+
+
+def _load_pretrained(path: str, *, dtype: torch.dtype) -> tuple[PreTrainedModel, Any]:
+    directory = Path(path).expanduser()
+    if not directory.is_dir():
+        raise ValueError(
+            f"model path {path!r} is not a directory; expected a local Hugging Face model directory "
+            f"or {BUILTIN_PREFIX}<name> with name in {sorted(BUILTIN_MODELS)}"
+        )
+    if not (directory / "config.json").is_file():
+        raise ValueError(f"model path {path!r} has no config.json; it is not a Hugging Face model directory")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=True)
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"model path {path!r}: cannot load the model ({_first_line(e)})") from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"model path {path!r}: cannot load the tokenizer ({_first_line(e)})") from None
+    if tokenizer.pad_token_id is None:  # as verl does: pad with eos (padding is masked out anyway)
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.eval(), tokenizer
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
