@@ -8,9 +8,13 @@ inputs, with two deliberate, documented choices:
   without a host sync: such a group gets advantage 0.
 
 `token_rewards` carry the outcome reward (usually on the last response token, minus any KL penalty);
-outcome estimators use the per-row score `sum_t token_rewards[:, t]` over response tokens (verl sums
-every position; the two agree because rewards are 0 off the response, and masking makes masked
-positions unable to affect anything, NaN included).
+outcome estimators use the per-row score `sum_t token_rewards[:, t] * mask[:, t]` (verl sums every
+position; the two agree because rewards are 0 off the response).
+
+Masked positions never affect outputs as long as they hold finite numbers: the outcome estimators
+mask by multiplication, which is what keeps them at a few passes over (b, t) memory (see
+experiments/bench_pure.py); NaN or inf there would propagate, as in verl. `gae` and `reinforce_pp`
+select with `torch.where` and tolerate NaN/inf at masked positions too.
 """
 
 from __future__ import annotations
@@ -21,17 +25,17 @@ import torch
 from torch import Tensor
 
 from rlcore.pure.groups import group_stats, group_sum
-from rlcore.pure.masks import apply_mask, masked_sum, masked_whiten
+from rlcore.pure.masks import apply_mask, masked_whiten
 
 
 def _broadcast(per_row: Tensor, response_mask: Tensor) -> Tensor:
-    """(b,) score → (b, t) advantage on the response tokens, 0 elsewhere."""
-    return apply_mask(per_row.unsqueeze(-1).expand(response_mask.shape), response_mask)
+    """(b,) score → (b, t) advantage on the response tokens, 0 elsewhere (one fused multiply)."""
+    return per_row.unsqueeze(-1) * response_mask.to(per_row.dtype)  # (b, t)
 
 
 def _scores(token_rewards: Tensor, response_mask: Tensor) -> Tensor:
     """Outcome score per row: the sum of its rewards on response tokens.  # (b,)"""
-    return masked_sum(token_rewards, response_mask, dim=-1)
+    return (token_rewards * response_mask.to(token_rewards.dtype)).sum(dim=-1)
 
 
 def gae(
