@@ -1,0 +1,127 @@
+"""score_step: decode the responses, score them, and put each scalar on its last response token.
+
+    batch, metrics = score_step(scorer, batch, tokenizer=tokenizer)
+    batch, metrics = score_step(scorer, batch, tokenizer=tokenizer, reward_model=rm, rule_weight=1.0,
+                                rm_weight=0.5, overlong=OverlongPenalty(max_length=1024, buffer_length=256))
+
+The sequence score is `rule_weight * rule + rm_weight * rm + overlong_penalty` (each term only when
+configured). It lands on the LAST token where `response_mask` is 1 of `token_scores` (b, t), zero
+elsewhere; a row with no response token gets nothing. Metrics (0-dim tensors): `reward/score_mean`,
+`reward/errors`, `reward/timeouts` (sample counts), `reward/<key>` (mean of each extra a dict
+reward returned), `reward/rule_mean` and `reward/rm_mean` when a reward model is mixed in,
+`reward/overlong_penalty_mean` and `reward/overlong_frac` with the overlong penalty.
+The batch gains `token_scores` and `reward_extras` (the per-row extras dicts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlcore.batch import Batch
+from rlcore.rewards.pool import RewardScorer
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OverlongPenalty:
+    """DAPO's soft overlong punishment (arXiv:2503.14476, eq. 13; verl `DAPORewardManager`)."""
+
+    max_length: int
+    """L_max: the rollout's maximum response length in tokens."""
+    buffer_length: int
+    """L_cache: the penalty ramps from 0 to -penalty_factor over the last `buffer_length` tokens."""
+    penalty_factor: float = 1.0
+    """Penalty at L = L_max."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.buffer_length <= self.max_length:
+            raise ValueError(
+                f"--reward.overlong-buffer-length={self.buffer_length}: expected 1..max_length ({self.max_length})"
+            )
+
+
+def overlong_penalty(
+    lengths: Tensor, *, max_length: int, buffer_length: int, penalty_factor: float = 1.0
+) -> Tensor:
+    """Soft overlong penalty per response, (b,) -> (b,) float.
+
+    min(0, -(L - (L_max - L_cache)) / L_cache * factor): 0 up to L_max - L_cache, then linear down to
+    -factor at L = L_max (verl's form; it keeps falling past L_max, which a rollout capped at L_max
+    never reaches). DAPO, arXiv:2503.14476, eq. 13.
+    """
+    exceed = lengths.to(torch.float64) - (max_length - buffer_length)  # (b,)
+    return torch.clamp(-exceed / buffer_length * penalty_factor, max=0.0)
+
+
+def last_token_scores(scores: Tensor, response_mask: Tensor) -> Tensor:
+    """(b,) scores placed on the last position where response_mask is 1 of a (b, t) zero tensor."""
+    mask = response_mask.bool()  # (b, t)
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)  # (b, t)
+    last = torch.where(mask, positions, -1).max(dim=1).values  # (b,); -1: no response token
+    hit = positions == last[:, None]  # (b, t); all False on a row without response tokens
+    return torch.where(hit, scores[:, None].to(torch.float32), 0.0)
+
+
+def decode_responses(tokenizer: Any, responses: Tensor, response_mask: Tensor) -> list[str]:
+    """The text of each row's response tokens (where the mask is 1), special tokens skipped."""
+    mask = response_mask.bool().cpu()
+    rows = [ids[m].tolist() for ids, m in zip(responses.cpu(), mask, strict=True)]
+    return tokenizer.batch_decode(rows, skip_special_tokens=True)
+
+
+def score_step(
+    scorer: RewardScorer | None,
+    batch: Batch,
+    *,
+    tokenizer: Any,
+    reward_model: Any = None,
+    rule_weight: float = 1.0,
+    rm_weight: float = 1.0,
+    overlong: OverlongPenalty | None = None,
+) -> tuple[Batch, dict[str, Tensor]]:
+    """Batch + `token_scores` (b, t) and `reward_extras`, and the step's reward metrics."""
+    if scorer is None and reward_model is None:
+        raise ValueError("score_step needs a rule scorer, a reward model, or both")
+    responses, response_mask = batch["responses"], batch["response_mask"]
+    texts = decode_responses(tokenizer, responses, response_mask)
+    metrics: dict[str, Tensor] = {}
+    total = torch.zeros(len(batch), dtype=torch.float64)  # (b,)
+    extras: list[dict[str, float]] = [{} for _ in texts]
+    if scorer is not None:
+        result = scorer.score(batch["data_source"], texts, batch["ground_truth"], batch["extra_info"])
+        rule = torch.tensor(result.scores, dtype=torch.float64)  # (b,)
+        total = total + rule_weight * rule
+        extras = [dict(e) for e in result.extras]
+        metrics.update({f"reward/{k}": torch.tensor(v) for k, v in result.extra_means().items()})
+        metrics["reward/errors"] = torch.tensor(float(result.errors))  # after the extras: ours win a clash
+        metrics["reward/timeouts"] = torch.tensor(float(result.timeouts))
+        if reward_model is not None:
+            metrics["reward/rule_mean"] = rule.mean()
+    if reward_model is not None:
+        rm = reward_model.score(_prompts(batch, tokenizer), texts).to(torch.float64).cpu()  # (b,)
+        total = total + rm_weight * rm
+        metrics["reward/rm_mean"] = rm.mean()
+    if overlong is not None:
+        penalty = overlong_penalty(
+            response_mask.sum(dim=1).cpu(),
+            max_length=overlong.max_length,
+            buffer_length=overlong.buffer_length,
+            penalty_factor=overlong.penalty_factor,
+        )  # (b,)
+        total = total + penalty
+        metrics["reward/overlong_penalty_mean"] = penalty.mean()
+        metrics["reward/overlong_frac"] = (penalty < 0).to(torch.float64).mean()
+    metrics["reward/score_mean"] = total.mean()
+    token_scores = last_token_scores(total.to(response_mask.device), response_mask)  # (b, t)
+    metrics = {k: v.to(torch.float32) for k, v in metrics.items()}
+    return batch.with_(token_scores=token_scores, reward_extras=extras), metrics
+
+
+def _prompts(batch: Batch, tokenizer: Any) -> list[Any]:
+    """The rows' prompts as chat messages (`raw_prompt`), else the decoded prompt tokens as text."""
+    if "raw_prompt" in batch:
+        return list(batch["raw_prompt"])
+    return decode_responses(tokenizer, batch["input_ids"], batch["attention_mask"])
