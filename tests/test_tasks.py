@@ -60,3 +60,21 @@ def test_unknown_task_and_source_are_clear_errors():
         generate_rows("nope", "train", 1)
     with pytest.raises(ValueError, match="no built-in reward for data_source 'gsm8k'"):
         compute_score("gsm8k", "1", "1")
+
+
+def test_the_shipped_warm_start_is_wrong_greedily_and_right_sometimes():
+    """The default starting policy (builtin:tiny-reverse) scores <= 0.3 greedily on the default task,
+    while sampling finds the right answer often enough for GRPO to learn from (see warmstart.py)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    from warmstart import evaluate
+
+    from rlcore.data.tasks import DEFAULT_TASK
+    from rlcore.models import load_policy
+
+    model, tokenizer = load_policy("builtin:tiny-reverse")
+    val = generate_rows(DEFAULT_TASK, "val", 64, seed=0)
+    assert evaluate(model, tokenizer, val, greedy=True) <= 0.3
+    assert evaluate(model, tokenizer, val, greedy=False, seed=0) >= 0.3  # partial credit + ~25% right

@@ -45,6 +45,11 @@ class BuiltinSpec:
 BUILTIN_MODELS: dict[str, BuiltinSpec] = {
     "tiny": BuiltinSpec(hidden_size=96, intermediate_size=256, num_layers=4, num_heads=4, num_kv_heads=2),
     "small": BuiltinSpec(hidden_size=256, intermediate_size=688, num_layers=6, num_heads=8, num_kv_heads=4),
+    # `tiny` warm-started on the built-in `reverse` task by experiments/warmstart.py (weights ship in
+    # rlcore/models/weights/tiny-reverse/): the starting policy of the embedded default run.
+    "tiny-reverse": BuiltinSpec(
+        hidden_size=96, intermediate_size=256, num_layers=4, num_heads=4, num_kv_heads=2
+    ),
 }
 
 

@@ -137,7 +137,8 @@ def test_missing_path_is_one_clear_line(tmp_path):
     with pytest.raises(ValueError, match=r"has no config\.json"):
         load_policy(str(tmp_path))
     with pytest.raises(
-        ValueError, match=r"unknown built-in model builtin:huge; choose one of \['small', 'tiny'\]"
+        ValueError,
+        match=r"unknown built-in model builtin:huge; choose one of \['small', 'tiny', 'tiny-reverse'\]",
     ):
         load_policy("builtin:huge")
 
