@@ -1,6 +1,262 @@
-"""Typed, frozen configuration of rlcore runs (read by tyro in train.py).
+"""Typed, frozen configuration of an rlcore run, read by tyro in train.py.
 
-The full set of presets (grpo, dapo, drgrpo, gspo, rloo, reinforce_pp, remax, ppo, sft) arrives with
-the trainer; this module already fixes the house rules: `@dataclass(frozen=True, kw_only=True)`, a
-docstring under every field, `Literal` choices, validation that names the flag and the fix.
+    python train.py                                  # the embedded default: grpo on builtin:reverse
+    python train.py dapo --rollout.n 16 --optim.lr 5e-4
+    python train.py --help                           # every preset and every flag
+
+Each field's docstring is its `--help` text. Configs are frozen: derived values come from functions
+(`prompts_per_update`, ...), never written back. `validate(cfg, world_size)` runs before any model is
+built and raises `ConfigError` naming the flag, the value and the fix.
 """
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+class ConfigError(ValueError):
+    """A user error in the configuration: one line naming the flag, the value and the fix."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    path: str = "builtin:tiny-reverse"
+    """A Hugging Face model directory, or builtin:<name> (tiny, small, tiny-reverse)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Parameter dtype of the trained model (FSDP2 keeps fp32 master weights with bf16 compute on GPU)."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass (saves memory, costs time)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    train_files: tuple[str, ...] = ("builtin:reverse",)
+    """Parquet/jsonl files in verl's row format, or builtin:<task> (reverse, sort, add, countdown)."""
+    val_files: tuple[str, ...] = ("builtin:reverse",)
+    """Validation files (same formats); empty turns validation off."""
+    batch_size: int = 32
+    """Prompts per step (each sampled rollout.n times)."""
+    max_prompt_length: int = 64
+    """Prompts longer than this many tokens are dropped (counted) or rejected, per --data.overlong."""
+    overlong: Literal["drop", "error"] = "drop"
+    """What to do with a prompt longer than --data.max-prompt-length."""
+    builtin_train_size: int = 5000
+    """Rows generated for a builtin: training task."""
+    builtin_val_size: int = 128
+    """Rows generated for a builtin: validation task."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutConfig:
+    engine: Literal["native", "vllm"] = "native"
+    """Generation engine: the native KV-cache sampler (CPU and GPU) or vLLM colocated in-process."""
+    n: int = 8
+    """Samples per prompt (the group size of grpo/rloo/...)."""
+    max_tokens: int = 12
+    """Most new tokens per response."""
+    temperature: float = 1.0
+    """Sampling temperature (the log-probs are taken under the same temperature)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1 keeps all tokens)."""
+    top_k: int = 0
+    """Keep the k most likely tokens (0 keeps all)."""
+    val_n: int = 4
+    """Samples per validation prompt for pass@k (k = val_n); greedy validation is always run too."""
+    gpu_memory_utilization: float = 0.5
+    """vLLM only: share of GPU memory its KV cache may take."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardConfig:
+    custom: str | None = None
+    """A verl-style reward function as path/to/file.py:function (replaces the built-in dispatch)."""
+    num_workers: int = 0
+    """Reward processes (0 scores in the trainer's process, without timeouts)."""
+    timeout_s: float = 10.0
+    """Per-sample reward timeout (with --reward.num-workers > 0)."""
+    failure_score: float = 0.0
+    """Score given to a sample whose reward function raised or timed out."""
+    max_error_rate: float = 0.5
+    """Abort when a larger share of one step's samples failed to score."""
+    overlong_buffer_length: int = 0
+    """DAPO soft overlong penalty: buffer length in tokens before --rollout.max-tokens (0 = off)."""
+    overlong_penalty_factor: float = 1.0
+    """DAPO soft overlong penalty: the largest penalty."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlgoConfig:
+    adv_estimator: str = "grpo"
+    """Advantage estimator: gae, grpo, rloo, opo, gpg, reinforce_pp, reinforce_pp_baseline, remax, grpo_passk."""
+    norm_by_std: bool = True
+    """grpo: divide by the group's std (False is Dr.GRPO)."""
+    gamma: float = 1.0
+    """Discount (gae, reinforce_pp)."""
+    lam: float = 1.0
+    """GAE lambda."""
+    policy_loss: str = "ppo_clip"
+    """Policy loss: ppo_clip (vanilla), gspo, cispo, gpg, sapo, geo_mean, clip_cov, kl_cov."""
+    loss_agg: Literal[
+        "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    ] = "token-mean"
+    """How per-token losses become one number (normalised by global counts)."""
+    clip_low: float = 0.2
+    """PPO ratio clip below 1."""
+    clip_high: float = 0.2
+    """PPO ratio clip above 1 (DAPO's clip-higher uses 0.28)."""
+    clip_c: float = 3.0
+    """Dual-clip bound for negative advantages."""
+    kl_coef: float = 0.0
+    """KL penalty in the reward (0 = off; needs a reference model)."""
+    kl_kind: str = "k1"
+    """Estimator of the KL in the reward: k1, abs, k2, k3 (and k1+, k3+)."""
+    kl_ctrl: Literal["fixed", "adaptive"] = "fixed"
+    """KL-in-reward coefficient controller."""
+    kl_target: float = 0.1
+    """Adaptive controller: target KL."""
+    kl_horizon: float = 10000.0
+    """Adaptive controller: horizon."""
+    use_kl_loss: bool = False
+    """Add the KL to the reference as a loss term (GRPO style) instead of (or besides) the reward."""
+    kl_loss_coef: float = 0.001
+    """Coefficient of the KL loss."""
+    kl_loss_kind: str = "k3"
+    """Estimator of the KL loss."""
+    entropy_coef: float = 0.0
+    """Entropy bonus coefficient (subtracted from the loss)."""
+    mini_batch_size: int | None = None
+    """Prompts per optimizer update (None: the whole step's batch, one update per epoch)."""
+    ppo_epochs: int = 1
+    """Passes over the step's batch."""
+    micro_batch_size: int = 64
+    """Samples per forward/backward (gradient accumulation inside a mini-batch)."""
+    max_tokens_per_micro_batch: int | None = None
+    """Token-budget dynamic batching: pack samples up to this many tokens (overrides micro_batch_size)."""
+    dynamic_sampling: bool = False
+    """DAPO: drop groups whose rewards are all equal and sample more until the batch is full."""
+    max_sampling_rounds: int = 3
+    """DAPO dynamic sampling: most generation rounds per step."""
+    tis_cap: float | None = None
+    """Truncated importance sampling: weight tokens by min(p_trainer / p_rollout, cap) (None = off)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    lr: float = 1e-3
+    """Peak learning rate (AdamW)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0 = off)."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up, in optimizer updates."""
+    schedule: Literal["constant", "cosine"] = "constant"
+    """Learning-rate schedule after warm-up."""
+    min_lr_ratio: float = 0.0
+    """Cosine schedule floor, as a fraction of --optim.lr."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CriticConfig:
+    path: str | None = None
+    """Critic backbone (None: initialised from --model.path)."""
+    lr: float = 1e-3
+    """Critic learning rate."""
+    warmup_steps: int = 0
+    """Critic learning-rate warm-up."""
+    value_clip: float = 0.5
+    """Clip of the value update around the rollout-time values."""
+    critic_warmup: int = 0
+    """Steps during which only the critic is trained."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerConfig:
+    steps: int = 30
+    """Training steps (one rollout batch each)."""
+    val_every: int = 10
+    """Validate every this many steps (0 = off; also before the first step and at the end)."""
+    save_every: int = 0
+    """Checkpoint every this many steps (0 = off)."""
+    keep_last: int = 2
+    """Checkpoints kept (older ones are pruned)."""
+    seed: int = 0
+    """Seed of the model init, data order and sampling."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to train (auto: cuda when available)."""
+    max_bad_updates: int = 3
+    """Abort after this many consecutive updates with a non-finite loss or gradient."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogConfig:
+    wandb: Literal["off", "offline", "online"] = "off"
+    """Weights & Biases logging."""
+    project: str = "rlcore"
+    """W&B project."""
+    progress: bool = True
+    """Print a live progress line."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """An rlcore run. Every field is a flag: --rollout.n 8, --algo.adv-estimator rloo, ..."""
+
+    preset: str = "grpo"
+    """The algorithm preset this config came from (informational)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    out_dir: str | None = None
+    """Where the run writes (default runs/<preset>-<timestamp>)."""
+    resume: str = "auto"
+    """auto (newest complete checkpoint in --out-dir, if any), none, or a checkpoint directory."""
+
+
+def _algo(**kw) -> Config:
+    name = kw.pop("preset")
+    return Config(preset=name, algo=AlgoConfig(**kw))
+
+
+PRESETS: dict[str, tuple[str, Config]] = {
+    "grpo": ("GRPO: group-normalised advantages, PPO clip (Shao et al. 2024)", _algo(preset="grpo")),
+    "dapo": (
+        "DAPO: clip-higher, token-mean, dynamic sampling, soft overlong penalty (Yu et al. 2025)",
+        dataclasses.replace(
+            _algo(preset="dapo", clip_high=0.28, dynamic_sampling=True),
+            reward=RewardConfig(overlong_buffer_length=4),
+        ),
+    ),
+    "drgrpo": (
+        "Dr.GRPO: no std normalisation, seq-mean-token-sum-norm (Liu et al. 2025)",
+        _algo(preset="drgrpo", norm_by_std=False, loss_agg="seq-mean-token-sum-norm"),
+    ),
+    "gspo": ("GSPO: sequence-level ratios (Zheng et al. 2025)", _algo(preset="gspo", policy_loss="gspo")),
+    "rloo": (
+        "RLOO: leave-one-out baseline (Ahmadian et al. 2024)",
+        _algo(preset="rloo", adv_estimator="rloo"),
+    ),
+    "reinforce_pp": (
+        "REINFORCE++ with a group baseline (Hu 2025)",
+        _algo(preset="reinforce_pp", adv_estimator="reinforce_pp_baseline"),
+    ),
+    "remax": (
+        "ReMax: greedy-rollout baseline (Li et al. 2023)",
+        _algo(preset="remax", adv_estimator="remax"),
+    ),
+    "ppo": (
+        "PPO with a critic and GAE (Schulman et al. 2017)",
+        _algo(preset="ppo", adv_estimator="gae", lam=0.95),
+    ),
+    "sft": ("Supervised fine-tuning on prompt/response rows (warm starts)", _algo(preset="sft")),
+}
