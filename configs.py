@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 
@@ -150,6 +151,8 @@ class OptimConfig:
     """AdamW weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
     """AdamW betas."""
+    eps: float = 1e-8
+    """AdamW epsilon (added to the root of the second moment)."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (0 = off)."""
     warmup_steps: int = 0
@@ -258,5 +261,84 @@ PRESETS: dict[str, tuple[str, Config]] = {
         "PPO with a critic and GAE (Schulman et al. 2017)",
         _algo(preset="ppo", adv_estimator="gae", lam=0.95),
     ),
-    "sft": ("Supervised fine-tuning on prompt/response rows (warm starts)", _algo(preset="sft")),
+    "sft": (
+        "Supervised fine-tuning on prompt/response rows (warm starts): the gpg loss with unit advantages",
+        _algo(preset="sft", policy_loss="gpg"),
+    ),
 }
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _need(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def validate(cfg: Config, *, world_size: int = 1) -> None:
+    """Check a config before anything expensive; raise ConfigError naming the flag, value and fix."""
+    from rlcore.data.sources import check_sources_exist
+    from rlcore.pure.kl import KL_KINDS
+    from rlcore.pure.losses import POLICY_LOSSES
+    from rlcore.steps import ESTIMATOR_INPUTS as ESTIMATORS
+
+    d, r, a, t = cfg.data, cfg.rollout, cfg.algo, cfg.trainer
+    _need(d.batch_size >= 1, f"--data.batch-size {d.batch_size}: must be >= 1")
+    _need(
+        d.batch_size % world_size == 0,
+        f"--data.batch-size {d.batch_size} is not divisible by the world size {world_size}: "
+        f"use a multiple of {world_size}",
+    )
+    _need(r.n >= 1, f"--rollout.n {r.n}: must be >= 1")
+    _need(r.max_tokens >= 1, f"--rollout.max-tokens {r.max_tokens}: must be >= 1")
+    _need(r.temperature >= 0, f"--rollout.temperature {r.temperature}: must be >= 0")
+    _need(0 < r.top_p <= 1, f"--rollout.top-p {r.top_p}: must be in (0, 1]")
+    _need(
+        a.adv_estimator in ESTIMATORS,
+        f"--algo.adv-estimator {a.adv_estimator!r}: choose one of {sorted(ESTIMATORS)}",
+    )
+    _need(
+        a.policy_loss in POLICY_LOSSES,
+        f"--algo.policy-loss {a.policy_loss!r}: choose one of {sorted(POLICY_LOSSES)}",
+    )
+    for flag, kind in (("--algo.kl-kind", a.kl_kind), ("--algo.kl-loss-kind", a.kl_loss_kind)):
+        _need(kind in KL_KINDS, f"{flag} {kind!r}: choose one of {list(KL_KINDS)}")
+    group_needed = a.adv_estimator in {"grpo", "rloo", "opo", "gpg", "reinforce_pp_baseline", "grpo_passk"}
+    _need(
+        not group_needed or r.n >= 2 or cfg.preset == "sft",
+        f"--rollout.n {r.n}: --algo.adv-estimator {a.adv_estimator} compares samples of a prompt; use n >= 2",
+    )
+    if a.mini_batch_size is not None:
+        _need(
+            a.mini_batch_size >= 1 and d.batch_size % a.mini_batch_size == 0,
+            f"--algo.mini-batch-size {a.mini_batch_size} does not divide --data.batch-size {d.batch_size}: "
+            f"use a divisor of {d.batch_size}",
+        )
+        _need(
+            a.mini_batch_size % world_size == 0,
+            f"--algo.mini-batch-size {a.mini_batch_size} is not divisible by the world size {world_size}",
+        )
+    _need(a.ppo_epochs >= 1, f"--algo.ppo-epochs {a.ppo_epochs}: must be >= 1")
+    _need(a.micro_batch_size >= 1, f"--algo.micro-batch-size {a.micro_batch_size}: must be >= 1")
+    _need(cfg.optim.lr > 0, f"--optim.lr {cfg.optim.lr}: must be > 0")
+    _need(t.steps >= 1, f"--trainer.steps {t.steps}: must be >= 1")
+    for flag, value in (("--trainer.val-every", t.val_every), ("--trainer.save-every", t.save_every)):
+        _need(value >= 0, f"{flag} {value}: must be >= 0 (0 turns it off)")
+    _need(t.keep_last >= 1, f"--trainer.keep-last {t.keep_last}: must be >= 1")
+    _need(r.engine == "native" or cfg.preset != "sft", "--rollout.engine: sft does not generate; use native")
+    if cfg.reward.custom is not None:
+        path = cfg.reward.custom.rsplit(":", 1)[0]
+        _need(
+            ":" in cfg.reward.custom,
+            f"--reward.custom {cfg.reward.custom!r}: write it as path/to/file.py:function",
+        )
+        _need(Path(path).is_file(), f"--reward.custom {cfg.reward.custom!r}: file {path} not found")
+    for flag, sources in (("--data.train-files", d.train_files), ("--data.val-files", d.val_files)):
+        problem = check_sources_exist(sources, flag) if sources else None
+        _need(problem is None, problem or "")
+    _need(bool(d.train_files), "--data.train-files: give at least one file or builtin:<task>")
+    _need(
+        cfg.resume in ("auto", "none") or Path(cfg.resume).is_dir(),
+        f"--resume {cfg.resume!r}: use auto, none, or an existing checkpoint directory",
+    )

@@ -1,0 +1,39 @@
+"""Data sources named on the command line: files, or `builtin:<task>` generated tasks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from rlcore.data.rows import DataError, Row, read_rows, row_from_dict
+from rlcore.data.tasks import TASKS, generate_rows
+
+BUILTIN = "builtin:"
+
+
+def read_sources(sources: Sequence[str], *, split: str, builtin_size: int, seed: int) -> list[Row]:
+    """Rows of every source, in order: files through `read_rows`, `builtin:<task>` generated for `split`."""
+    if not sources:
+        raise DataError("no data sources given")
+    rows: list[Row] = []
+    for source in sources:
+        if source.startswith(BUILTIN):
+            task = source.removeprefix(BUILTIN)
+            if task not in TASKS:
+                raise DataError(f"{source}: unknown built-in task; choose one of {sorted(TASKS)}")
+            generated = generate_rows(task, split, builtin_size, seed=seed)
+            rows += [row_from_dict(r, f"{source} row {i}") for i, r in enumerate(generated)]
+        else:
+            rows += read_rows(source)
+    return rows
+
+
+def check_sources_exist(sources: Sequence[str], flag: str) -> str | None:
+    """A one-line problem with `sources` (a missing file, an unknown task), or None. No file is read."""
+    for source in sources:
+        if source.startswith(BUILTIN):
+            if source.removeprefix(BUILTIN) not in TASKS:
+                return f"{flag} {source}: unknown built-in task; choose one of {sorted(TASKS)}"
+        elif not Path(source).is_file():
+            return f"{flag} {source}: file not found; give parquet/jsonl files or builtin:<task>"
+    return None

@@ -1,0 +1,73 @@
+"""Config validation: every bad value is one ConfigError naming the flag, the value and the fix."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from configs import (
+    PRESETS,
+    AlgoConfig,
+    Config,
+    ConfigError,
+    DataConfig,
+    RolloutConfig,
+    TrainerConfig,
+    validate,
+)
+from rlcore.trainer.cli import UserError, condense, parse
+
+
+def with_(cfg: Config, **parts) -> Config:
+    return dataclasses.replace(cfg, **parts)
+
+
+BASE = PRESETS["grpo"][1]
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_is_valid(name):
+    validate(PRESETS[name][1])
+    assert PRESETS[name][1].preset == name
+
+
+@pytest.mark.parametrize(
+    ("cfg", "world_size", "message"),
+    [
+        (with_(BASE, data=DataConfig(batch_size=6)), 4, "--data.batch-size 6 is not divisible by the world size 4"),
+        (with_(BASE, algo=AlgoConfig(mini_batch_size=5)), 1, "--algo.mini-batch-size 5 does not divide --data.batch-size 32"),
+        (with_(BASE, algo=AlgoConfig(adv_estimator="nope")), 1, "--algo.adv-estimator 'nope': choose one of"),
+        (with_(BASE, algo=AlgoConfig(policy_loss="nope")), 1, "--algo.policy-loss 'nope': choose one of"),
+        (with_(BASE, algo=AlgoConfig(kl_kind="k9")), 1, "--algo.kl-kind 'k9'"),
+        (with_(BASE, rollout=RolloutConfig(n=1)), 1, "--rollout.n 1: --algo.adv-estimator grpo compares samples"),
+        (with_(BASE, rollout=RolloutConfig(top_p=0.0)), 1, "--rollout.top-p 0.0"),
+        (with_(BASE, trainer=TrainerConfig(val_every=-1)), 1, "--trainer.val-every -1"),
+        (with_(BASE, data=DataConfig(train_files=("missing.parquet",))), 1, "--data.train-files missing.parquet: file not found"),
+        (with_(BASE, data=DataConfig(val_files=("builtin:nope",))), 1, "--data.val-files builtin:nope: unknown built-in task"),
+        (with_(BASE, resume="/no/such/dir"), 1, "--resume '/no/such/dir'"),
+    ],
+)  # fmt: skip
+def test_bad_values_name_flag_value_and_fix(cfg, world_size, message):
+    with pytest.raises(ConfigError) as info:
+        validate(cfg, world_size=world_size)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_no_arguments_is_the_grpo_preset_and_flags_override():
+    assert parse([]) == BASE
+    cfg = parse(["dapo", "--rollout.n", "16", "--algo.loss-agg", "seq-mean-token-mean"])
+    assert cfg.preset == "dapo" and cfg.rollout.n == 16 and cfg.algo.loss_agg == "seq-mean-token-mean"
+    assert cfg.algo.clip_high == 0.28 and cfg.algo.dynamic_sampling  # the preset's own values stay
+    assert parse(["--rollout.n", "4"]).rollout.n == 4  # flags alone: the default preset
+
+
+def test_cli_errors_are_one_line():
+    with pytest.raises(UserError, match=r"did you mean --rollout\.n"):
+        parse(["grpo", "--rollout.nn", "3"])
+    with pytest.raises(UserError, match="unknown preset 'ppoo'"):
+        parse(["ppoo"])
+    assert condense(" Title \n ---- \n  line one  \n  line two \n ---- \n rest") == (
+        "line one line two (see python train.py --help)"
+    )
