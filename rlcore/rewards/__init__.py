@@ -28,6 +28,7 @@ from rlcore.rewards.dispatch import (
 from rlcore.rewards.format import format_score, with_format_reward
 from rlcore.rewards.model import RewardModel
 from rlcore.rewards.pool import RewardError, RewardScorer, Scores
+from rlcore.rewards.sandbox import SandboxResult, SandboxUnavailable, run_python, sandbox_available
 from rlcore.rewards.step import OverlongPenalty, last_token_scores, overlong_penalty, score_step
 
 __all__ = [
@@ -38,6 +39,8 @@ __all__ = [
     "RewardModel",
     "RewardScorer",
     "RewardSpecError",
+    "SandboxResult",
+    "SandboxUnavailable",
     "Scores",
     "UnknownDataSourceError",
     "default_compute_score",
@@ -46,6 +49,8 @@ __all__ = [
     "load_custom",
     "overlong_penalty",
     "resolve_reward_fn",
+    "run_python",
+    "sandbox_available",
     "score_step",
     "with_format_reward",
 ]

@@ -18,15 +18,17 @@ from collections.abc import Iterable
 from typing import Any
 
 from rlcore.data import tasks
-from rlcore.rewards import countdown, gsm8k, math_answer
+from rlcore.rewards import code, countdown, gsm8k, math_answer, sandbox
 from rlcore.rewards.custom import FLAG, RewardFn, RewardSpecError, load_custom
 
 MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math")
+CODE_SOURCES = ("code", "codecontests", "apps", "codeforces", "taco")  # verl's names for code data
 
 REWARD_FNS: dict[str, RewardFn] = {
     "openai/gsm8k": gsm8k.compute_score,
     **dict.fromkeys(MATH_SOURCES, math_answer.compute_score),
     "countdown": countdown.compute_score,
+    **dict.fromkeys(CODE_SOURCES, code.compute_score),
     **{f"builtin/{name}": tasks.compute_score for name in tasks.TASKS},
 }
 """Built-in rewards by data_source; every entry has verl's `compute_score` signature."""
@@ -66,6 +68,11 @@ def resolve_reward_fn(data_sources: Iterable[str], custom: str | None = None) ->
     unknown = sources - REWARD_FNS.keys()
     if unknown:
         raise unknown_sources_error(unknown)
+    if sources & set(CODE_SOURCES) and not sandbox.sandbox_available():
+        raise RewardSpecError(
+            f"data_source {sorted(sources & set(CODE_SOURCES))} runs code, but the sandbox is unavailable: "
+            "apt-get install -y bubblewrap (and allow user namespaces)"
+        )
     if sources & set(MATH_SOURCES):
         try:
             math_answer.require_math_verify()

@@ -8,6 +8,7 @@ import pytest
 from rlcore.data.tasks import TASKS, generate_rows
 from rlcore.rewards import countdown, gsm8k, math_answer
 from rlcore.rewards.dispatch import (
+    CODE_SOURCES,
     MATH_SOURCES,
     REWARD_FNS,
     UnknownDataSourceError,
@@ -15,6 +16,7 @@ from rlcore.rewards.dispatch import (
     resolve_reward_fn,
 )
 from rlcore.rewards.format import THINK_ANSWER, format_score, with_format_reward
+from rlcore.rewards.sandbox import sandbox_available
 
 # -- GSM8K (verl gsm8k.py: strict '#### n', flexible last number, 300-char tail) ------------------
 
@@ -150,6 +152,8 @@ def _examples() -> dict[str, tuple[str, str, object]]:
     out: dict[str, tuple[str, str, object]] = {"openai/gsm8k": ("#### 72", "#### 7", "72")}
     out.update(dict.fromkeys(MATH_SOURCES, ("\\boxed{0.5}", "\\boxed{5}", "\\frac{1}{2}")))
     out["countdown"] = ("<answer>3*8*1</answer>", "<answer>3+8+1</answer>", TRUTH)
+    code_truth = {"inputs": ["3\n"], "outputs": ["6\n"]}  # double the input
+    out.update(dict.fromkeys(CODE_SOURCES, ("print(2 * int(input()))", "print(int(input()))", code_truth)))
     for name in TASKS:
         truth = generate_rows(name, "val", 1, seed=0)[0]["reward_model"]["ground_truth"]
         right = truth.split("|", 1)[1] if name == "countdown" else truth
@@ -161,14 +165,17 @@ def _examples() -> dict[str, tuple[str, str, object]]:
 def test_every_entry_takes_verl_keywords_and_scores_right_above_wrong(source):
     right, wrong, truth = _examples()[source]
     fn = REWARD_FNS[source]
+    if source in CODE_SOURCES and not sandbox_available():
+        pytest.skip("the code sandbox needs bubblewrap")
     kwargs = {"data_source": source, "ground_truth": truth, "extra_info": {"index": 0}}
-    assert fn(solution_str=right, **kwargs) == 1.0
-    assert fn(solution_str=wrong, **kwargs) < 1.0
-    assert default_compute_score(source, right, truth) == 1.0
+    score = lambda out: out["score"] if isinstance(out, dict) else out  # noqa: E731  (code returns a dict)
+    assert score(fn(solution_str=right, **kwargs)) == 1.0
+    assert score(fn(solution_str=wrong, **kwargs)) < 1.0
+    assert score(default_compute_score(source, right, truth)) == 1.0
 
 
 def test_table_covers_verl_names_and_every_builtin_task():
-    expected = {"openai/gsm8k", "countdown", *MATH_SOURCES, *(f"builtin/{t}" for t in TASKS)}
+    expected = {"openai/gsm8k", "countdown", *MATH_SOURCES, *CODE_SOURCES, *(f"builtin/{t}" for t in TASKS)}
     assert set(REWARD_FNS) == expected
 
 
