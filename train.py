@@ -1,15 +1,32 @@
-"""rlcore trainer entry point: parse → build → loop → close.
+"""rlcore trainer: parse → build → loop → close.
 
-Not built yet: the loop lands with the trainer issue. Until then this exits with a clear message
-instead of pretending to train.
+    python train.py                                   # embedded default: GRPO, builtin:reverse, tiny model, CPU
+    python train.py dapo --rollout.n 16 --data.batch-size 64
+    python train.py grpo --model.path /models/Qwen2.5-0.5B-Instruct --data.train-files gsm8k.parquet \\
+        --data.val-files gsm8k_test.parquet --rollout.max-tokens 512
+    torchrun --nproc_per_node=8 train.py grpo ...     # SPMD: every rank runs this file
+
+One step: prompts → rollout (n per prompt) → rewards → old (and reference) log-probs → KL → advantages
+→ ppo_epochs x mini-batches x micro-batches update → weight sync → metrics. The loop is deterministic
+for a seed: sampling seeds derive from (seed, step), so `--resume auto` continues exactly.
 """
+
+from __future__ import annotations
 
 import sys
 
 
-def main() -> int:
-    print("train.py: the trainer is not built yet; use the rlcore.pure functions directly", file=sys.stderr)
-    return 2
+def main(argv: list[str] | None = None) -> int:
+    from rlcore.trainer.cli import UserError, parse
+
+    try:
+        cfg = parse(sys.argv[1:] if argv is None else argv)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from rlcore.trainer.run import run
+
+    return run(cfg)
 
 
 if __name__ == "__main__":
