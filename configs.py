@@ -173,6 +173,8 @@ class CriticConfig:
     """Critic learning-rate warm-up."""
     value_clip: float = 0.5
     """Clip of the value update around the rollout-time values."""
+    grad_clip: float = 1.0
+    """Clip the critic's gradient norm to this (0 = off)."""
     critic_warmup: int = 0
     """Steps during which only the critic is trained."""
 

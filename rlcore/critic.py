@@ -1,0 +1,155 @@
+"""The PPO critic: a causal-LM backbone with a scalar value head, its value pass and its update.
+
+    critic = build_critic("builtin:tiny-reverse", seed=0)              # or a Hugging Face directory
+    batch = batch.with_(values=compute_values(critic, batch))          # V(s_t) for every response token
+    state, metrics = critic_update(state, batch, algo_cfg, critic_cfg, mesh=mesh)
+
+V(s_t) is read at the position *before* response token t (the state the token is sampled from), as
+verl's critic does (`values[:, -response_length - 1 : -1]`). The head starts at zero, so the first
+values are 0 and GAE starts as plain discounted returns. The update minimises verl's clipped value
+loss (`rlcore.pure.losses.value_loss`) over the same mini-batches x micro-batches as the actor, with
+global token / sequence counts, so any world size and micro-batch split give the same gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import torch
+from torch import Tensor, nn
+
+from configs import AlgoConfig, CriticConfig
+from rlcore.batch import Batch
+from rlcore.dist.fsdp import model_mesh, set_gradient_sync
+from rlcore.dist.reduce import all_reduce
+from rlcore.models.forward import aligned_micro_batches, micro_batches, sequence_tensors
+from rlcore.models.policy import load_policy
+from rlcore.pure.losses import value_loss
+from rlcore.pure.masks import masked_mean, masked_sum, masked_var
+from rlcore.update import TrainState, _grad_norm, mini_batches
+
+
+class ValueModel(nn.Module):
+    """`backbone` (a Hugging Face base model: hidden states out) + `value_head` (hidden -> 1)."""
+
+    def __init__(self, backbone: nn.Module, hidden_size: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.value_head = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
+        """V at every position: (m, s) float32."""
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+        hidden = out.last_hidden_state  # (m, s, h)
+        return self.value_head(hidden).squeeze(-1).float()  # (m, s)
+
+
+def build_critic(path: str, *, dtype: torch.dtype = torch.float32, seed: int = 0) -> ValueModel:
+    """A critic on the backbone of the causal LM at `path` (builtin:<name> or a directory), head at zero."""
+    lm, _ = load_policy(path, dtype=dtype, seed=seed)
+    critic = ValueModel(lm.model, lm.config.hidden_size).to(dtype)
+    return critic.train()
+
+
+def response_values(critic: nn.Module, micro: Batch) -> Tensor:
+    """V(s_t) for each response token of a micro-batch (trimmed width r): (m, r) float32."""
+    inputs = sequence_tensors(micro)
+    r = inputs.labels.shape[1]
+    values = critic(inputs.input_ids, inputs.attention_mask, inputs.position_ids)  # (m, s)
+    return values[:, -r - 1 : -1]  # the position before each response token
+
+
+@torch.no_grad()
+def compute_values(critic: nn.Module, batch: Batch, *, micro_batch_size: int | None = None) -> Tensor:
+    """V(s_t) of every response token, 0 where response_mask is 0: (b, t) float32, batch order kept."""
+    out = torch.zeros(batch["response_mask"].shape, dtype=torch.float32, device=batch["responses"].device)
+    for micro, rows in micro_batches(batch, micro_batch_size=micro_batch_size):
+        values = response_values(critic, micro)  # (m, r)
+        out[rows, : values.shape[1]] = values
+    return torch.where(batch["response_mask"] != 0, out, torch.zeros_like(out))
+
+
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
+    """1 - Var(returns - values) / Var(returns) over the response tokens (1 = perfect, 0 = a constant)."""
+    return 1.0 - masked_var(returns - values, mask) / (masked_var(returns, mask) + 1e-8)
+
+
+def _micro_value_loss(critic, micro, algo_cfg, critic_cfg, norms) -> tuple[Tensor, dict[str, Tensor]]:
+    values = response_values(critic, micro)  # (m, r), with grad
+    r = values.shape[1]
+    mask = micro["response_mask"][:, :r]
+    loss, metrics = value_loss(
+        values, micro["values"][:, :r], micro["returns"][:, :r], mask, clip=critic_cfg.value_clip,
+        agg=algo_cfg.loss_agg, **norms,
+    )  # fmt: skip
+    share = (mask != 0).sum() / norms["num_tokens"]
+    sums = {
+        "critic/vf_loss": loss.detach(),
+        "critic/vf_clipfrac": metrics["vf_clipfrac"].detach() * share,
+        "critic/vpred_mean": masked_sum(values.detach(), mask) / norms["num_tokens"],
+    }
+    return loss, sums
+
+
+def _one_critic_update(
+    state: TrainState, mini: Batch, algo_cfg, critic_cfg, mesh, horizon
+) -> dict[str, Tensor]:
+    critic, optimizer = state.model, state.optimizer
+    optimizer.zero_grad(set_to_none=True)
+    kept = mini["response_mask"] != 0
+    counts = all_reduce(torch.stack([kept.sum(), kept.any(dim=-1).sum()]), mesh)
+    num_tokens, num_seqs = counts.to(torch.float32).clamp(min=1.0).unbind()
+    norms = {"num_tokens": num_tokens, "num_seqs": num_seqs, "horizon": horizon}
+    pieces = aligned_micro_batches(mini, mesh, micro_batch_size=algo_cfg.micro_batch_size,
+                                   max_tokens=algo_cfg.max_tokens_per_micro_batch)  # fmt: skip
+    sums: dict[str, Tensor] = {}
+    for i, (micro, _) in enumerate(pieces):
+        set_gradient_sync(critic, i == len(pieces) - 1)
+        loss, metrics = _micro_value_loss(critic, micro, algo_cfg, critic_cfg, norms)
+        loss.backward()
+        sums = {k: sums.get(k, 0) + v for k, v in metrics.items()}
+    grad_norm = _grad_norm(critic, critic_cfg.grad_clip)
+    if bool(torch.isfinite(grad_norm)):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected call of")
+        state.scheduler.step()
+    return {k: v.float().cpu() for k, v in sums.items()} | {
+        "critic/grad_norm": grad_norm.detach().float().cpu()
+    }
+
+
+def critic_update(
+    state: TrainState,
+    batch: Batch,
+    algo_cfg: AlgoConfig,
+    critic_cfg: CriticConfig,
+    *,
+    mesh=None,
+    horizon: int,
+) -> tuple[TrainState, dict[str, float]]:
+    """`ppo_epochs` x mini-batches updates of the critic toward `returns`; (new state, metrics).
+
+    Batch fields: the sequence fields, `values` (rollout-time V, the clip anchor), `returns`.
+    Metrics: critic/vf_loss, critic/vf_clipfrac, critic/vpred_mean, critic/grad_norm (means over
+    updates), critic/explained_variance (of the rollout-time values), critic/lr.
+    """
+    mesh = mesh if mesh is not None else model_mesh(state.model)
+    minis = mini_batches(batch, algo_cfg.mini_batch_size, mesh)
+    totals: dict[str, Tensor] = {}
+    updates = 0
+    for _ in range(algo_cfg.ppo_epochs):
+        for mini in minis:
+            for k, v in _one_critic_update(state, mini, algo_cfg, critic_cfg, mesh, horizon).items():
+                totals[k] = totals.get(k, 0) + v
+            updates += 1
+    metrics = {k: float(v) / updates for k, v in totals.items()}
+    mask = batch["response_mask"]
+    metrics["critic/explained_variance"] = float(explained_variance(batch["values"], batch["returns"], mask))
+    metrics["critic/returns_mean"] = float(masked_mean(batch["returns"], mask))
+    metrics["critic/lr"] = state.optimizer.param_groups[0]["lr"]
+    return dataclasses.replace(state, step=state.step + 1), metrics

@@ -1,0 +1,203 @@
+"""Resumable checkpoints: sharded model + optimizer with torch.distributed.checkpoint (DCP), plus extras.
+
+    path = save_checkpoint(run / "checkpoints", step, model, optimizer,
+                           extra={"step": step, "scheduler": sched.state_dict(), "cursor": cursor},
+                           tensors=rng_state())
+    prune(run / "checkpoints", keep_last=2)
+    path = latest_checkpoint(run / "checkpoints")          # newest COMPLETE one, or None
+    extra, tensors = load_checkpoint(path, model, optimizer); set_rng_state(tensors)
+
+Layout of `step_<N>/`: `dcp/` (every rank's shards of the model and optimizer state, loadable at any
+world size, one process included), `extra.json` (the JSON-able extras, written by rank 0),
+`tensors_rank<r>.pt` (each rank's tensors, e.g. RNG states: a flat dict of tensors saved with
+`torch.save`, loaded with `weights_only=True`: no pickled code), and `COMPLETE`.
+Atomicity: everything is written into `step_<N>.tmp/`; after every rank is done, rank 0 writes
+`COMPLETE` and renames the directory to `step_<N>/`. A crash leaves at most a `.tmp` directory,
+which `latest_checkpoint` ignores and `prune` removes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+from torch.optim import Optimizer
+
+_STEP = re.compile(r"^step_(\d+)$")
+COMPLETE = "COMPLETE"
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _no_dist() -> bool:
+    """One process without a process group: DCP then reads/writes everything itself."""
+    return not (dist.is_available() and dist.is_initialized())
+
+
+@contextlib.contextmanager
+def _quiet_single_process():
+    """Silence DCP's 'assuming the intent is to load in a single process' when that is the intent."""
+    with warnings.catch_warnings():
+        if _no_dist():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
+        yield
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(
+    directory: str | os.PathLike,
+    step: int,
+    model: nn.Module,
+    optimizer: Optimizer | None,
+    *,
+    extra: Mapping[str, Any] | None = None,
+    tensors: Mapping[str, Tensor] | None = None,
+    before_commit: Callable[[], None] | None = None,
+) -> Path:
+    """Write `directory/step_<step>/` atomically (all ranks call this) and return its path.
+
+    `extra` must be JSON-able (step, scheduler state, data cursor, ...); `tensors` is this rank's
+    flat dict of tensors (e.g. `rng_state()`). An existing `step_<step>/` is replaced.
+    `before_commit` runs with everything written to `step_<step>.tmp/` but not yet renamed
+    (fault-injection tests kill the process there).
+    """
+    root = Path(directory)
+    final, tmp = root / f"step_{step}", root / f"step_{step}.tmp"
+    text = json.dumps(dict(extra or {}), indent=1, sort_keys=True)  # fail early, on every rank
+    if _rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier()
+    with _quiet_single_process():
+        if optimizer is None:
+            state = {"model": get_model_state_dict(model)}
+        else:
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            state = {"model": model_sd, "optim": optim_sd}
+        dcp.save(state, checkpoint_id=tmp / "dcp", no_dist=_no_dist())
+    if tensors:
+        torch.save({k: v.detach().cpu() for k, v in tensors.items()}, tmp / f"tensors_rank{_rank()}.pt")
+    _barrier()
+    if before_commit is not None:
+        before_commit()
+    if _rank() == 0:
+        (tmp / "extra.json").write_text(text)
+        with open(tmp / COMPLETE, "w") as f:
+            f.write(json.dumps({"step": step}))
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        _fsync_dir(root)
+    _barrier()
+    return final
+
+
+def load_checkpoint(
+    path: str | os.PathLike, model: nn.Module, optimizer: Optimizer | None
+) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """Load a complete checkpoint into `model` (and `optimizer`) in place; (extra, this rank's tensors).
+
+    The model and optimizer may be sharded differently from when they were saved (any world size).
+    Tensors saved by a rank that no longer exists are not returned (empty dict).
+    """
+    path = Path(path)
+    if not (path / COMPLETE).is_file():
+        raise ValueError(f"checkpoint {str(path)!r} is not a complete checkpoint (no {COMPLETE} file)")
+    with _quiet_single_process():
+        if optimizer is None:
+            state = {"model": get_model_state_dict(model)}
+            dcp.load(state, checkpoint_id=path / "dcp", no_dist=_no_dist())
+            set_model_state_dict(model, state["model"])
+        else:
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            state = {"model": model_sd, "optim": optim_sd}
+            dcp.load(state, checkpoint_id=path / "dcp", no_dist=_no_dist())
+            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    extra = json.loads((path / "extra.json").read_text()) if (path / "extra.json").is_file() else {}
+    rank_file = path / f"tensors_rank{_rank()}.pt"
+    tensors = torch.load(rank_file, weights_only=True) if rank_file.is_file() else {}
+    return extra, tensors
+
+
+def _steps(root: Path) -> list[tuple[int, Path]]:
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP.match(p.name)) and p.is_dir()]
+    return sorted(found)
+
+
+def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
+    """The newest complete `step_<N>/` under `directory` (ignores `.tmp` and incomplete ones), or None."""
+    complete = [p for _, p in _steps(Path(directory)) if (p / COMPLETE).is_file()]
+    return complete[-1] if complete else None
+
+
+def prune(directory: str | os.PathLike, keep_last: int) -> list[Path]:
+    """Delete all but the newest `keep_last` complete checkpoints and any leftover `.tmp` (rank 0 only).
+
+    Returns the deleted paths (empty on other ranks). `keep_last <= 0` keeps everything.
+    """
+    root = Path(directory)
+    if _rank() != 0 or keep_last <= 0 or not root.is_dir():
+        return []
+    complete = [p for _, p in _steps(root) if (p / COMPLETE).is_file()]
+    doomed = complete[:-keep_last]
+    doomed += [
+        p for p in root.iterdir() if p.is_dir() and p.name.endswith(".tmp") and _STEP.match(p.name[:-4])
+    ]
+    for p in doomed:
+        shutil.rmtree(p, ignore_errors=True)
+    return doomed
+
+
+def rng_state() -> dict[str, Tensor]:
+    """This process's torch RNG states as tensors (CPU, and every CUDA device when present)."""
+    state = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            state[f"torch_cuda_{i}"] = s
+    return state
+
+
+def set_rng_state(state: Mapping[str, Tensor]) -> None:
+    """Restore what `rng_state` returned (keys that are absent are left alone)."""
+    if "torch_cpu" in state:
+        torch.set_rng_state(state["torch_cpu"])
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            if f"torch_cuda_{i}" in state:
+                torch.cuda.set_rng_state(state[f"torch_cuda_{i}"], i)

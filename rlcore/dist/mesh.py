@@ -1,0 +1,125 @@
+"""Process group and device mesh, from the torchrun environment or a one-process default.
+
+    info = init_distributed()                       # python train.py: 1 process, no process group
+    mesh = build_mesh(info)                         # None for 1 process: the trainer uses the plain module
+    # torchrun --nproc_per_node=8 train.py          # 8 ranks, mesh ("dp_shard",) of size 8
+    # torchrun --nnodes=2 --nproc_per_node=8 ...    # with replicate=2: hybrid shard, mesh (2, 8)
+
+The mesh is passed explicitly to whoever needs it (`apply_fsdp`, `update_step`, `all_reduce`); nothing
+here is global state beyond what `torch.distributed` itself keeps (the default process group).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # Python 3.10: the same behaviour for our use (members are their string values)
+    from enum import Enum
+
+    class StrEnum(str, Enum):
+        def __str__(self) -> str:
+            return str(self.value)
+
+
+class MeshAxis(StrEnum):
+    """Names of the mesh dimensions (used as `mesh_dim_names` and to look dimensions up)."""
+
+    DP_REPLICATE = "dp_replicate"
+    """Data parallel, parameters replicated (the outer axis of hybrid sharding, e.g. across nodes)."""
+    DP_SHARD = "dp_shard"
+    """Data parallel, parameters sharded with FSDP2 (the inner axis, e.g. the GPUs of a node)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DistInfo:
+    """Where this process sits; `world_size == 1` means no process group is needed."""
+
+    rank: int
+    """Global rank (0 for one process)."""
+    world_size: int
+    """Number of processes."""
+    local_rank: int
+    """Rank on this node (selects the GPU)."""
+    device: torch.device
+    """Device this rank computes on: cuda:<local_rank> or cpu."""
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this is rank 0 (the rank that writes files and logs)."""
+        return self.rank == 0
+
+
+def _resolve_device(device: str, local_rank: int) -> torch.device:
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                "--trainer.device cuda was asked for but torch sees no CUDA device; use cpu or auto"
+            )
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def init_distributed(device: str = "auto") -> DistInfo:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT).
+
+    Without torchrun (or with WORLD_SIZE=1) this is one process and no process group is created.
+    If a process group already exists (tests that create it themselves), it is used as it is.
+    The backend is nccl on cuda and gloo on cpu. `device` is auto (cuda when available), cpu or cuda.
+    """
+    if dist.is_available() and dist.is_initialized():
+        rank, world = dist.get_rank(), dist.get_world_size()
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        return DistInfo(
+            rank=rank, world_size=world, local_rank=local_rank, device=_resolve_device(device, local_rank)
+        )
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    resolved = _resolve_device(device, local_rank)
+    if world > 1:
+        if resolved.type == "cuda":
+            torch.cuda.set_device(resolved)
+            dist.init_process_group("nccl", device_id=resolved)
+        else:
+            dist.init_process_group("gloo")
+    return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=resolved)
+
+
+def build_mesh(info: DistInfo, *, replicate: int = 1) -> DeviceMesh | None:
+    """The data-parallel mesh: (dp_shard,) or, with `replicate` > 1, (dp_replicate, dp_shard); None for 1 process.
+
+    Raises ValueError when `replicate` does not divide the world size.
+    """
+    if replicate < 1 or info.world_size % replicate:
+        raise ValueError(
+            f"replicate({replicate}) * shard(?) != world_size({info.world_size}): "
+            f"replicate must be >= 1 and divide the number of processes"
+        )
+    if info.world_size == 1:
+        return None
+    shard = info.world_size // replicate
+    if replicate == 1:
+        return init_device_mesh(info.device.type, (shard,), mesh_dim_names=(MeshAxis.DP_SHARD.value,))
+    return init_device_mesh(
+        info.device.type,
+        (replicate, shard),
+        mesh_dim_names=(MeshAxis.DP_REPLICATE.value, MeshAxis.DP_SHARD.value),
+    )
+
+
+def close_distributed() -> None:
+    """Destroy the process group if one exists (call once at the end of the run)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

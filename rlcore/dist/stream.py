@@ -1,0 +1,147 @@
+"""Full (unsharded) weights, streamed in size-bounded buckets: engine weight sync and Hugging Face export.
+
+    for bucket in iter_full_state(model):             # every rank iterates; only rank 0 gets tensors
+        engine.load_weights(bucket)                   # [(hf_name, full tensor), ...]
+    save_hf_pretrained(model, tokenizer, run / "final")   # safetensors + config + tokenizer
+
+Names are the model's own (Hugging Face) state-dict names: `fully_shard` adds no wrapper modules.
+A parameter shared by several names (tied `lm_head.weight` / `model.embed_tokens.weight`) is sent
+once, under its first name; `from_pretrained` re-ties it from `tie_word_embeddings` in the config.
+Non-persistent buffers (rotary `inv_freq`) are not part of the state and are not sent.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from safetensors.torch import save_file
+from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+
+BUCKET_BYTES = 256 * 2**20
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _full_tensor(t: Tensor) -> Tensor:
+    """The whole tensor (a collective for a DTensor: every rank must call it in the same order)."""
+    if not isinstance(t, DTensor):
+        return t.detach()
+    local = t.to_local()
+    comm_device = t.device_mesh.device_type
+    if local.device.type != comm_device:  # CPU-offloaded shards: gather on the mesh's device
+        t = DTensor.from_local(
+            local.to(comm_device), t.device_mesh, t.placements, shape=t.shape, stride=t.stride()
+        )
+    return t.detach().full_tensor()
+
+
+def iter_full_state(
+    model: nn.Module, *, bucket_bytes: int = BUCKET_BYTES
+) -> Iterator[list[tuple[str, Tensor]]]:
+    """Buckets of (name, full tensor), about `bucket_bytes` each, on rank 0; empty lists elsewhere.
+
+    Every rank must consume the iterator to the end (it runs one gather per tensor); all ranks get
+    the same number of buckets. Tensors keep their dtype and device (the parameters' device).
+    """
+    is_main = _rank() == 0
+    seen: set[int] = set()
+    bucket: list[tuple[str, Tensor]] = []
+    size = 0
+    for name, value in model.state_dict(keep_vars=True).items():
+        if id(value) in seen:  # a tied parameter already sent under its first name
+            continue
+        seen.add(id(value))
+        full = _full_tensor(value)
+        size += full.numel() * full.element_size()
+        if is_main:
+            bucket.append((name, full))
+        del full
+        if size >= bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+    if size or bucket:
+        yield bucket
+
+
+def _model_class_name(model: nn.Module) -> str:
+    """The Hugging Face class behind an FSDP2 wrapper (FSDPLlamaForCausalLM -> LlamaForCausalLM)."""
+    cls = type(model)
+    if isinstance(model, FSDPModule):
+        cls = next(c for c in cls.__mro__[1:] if issubclass(c, nn.Module) and not issubclass(c, FSDPModule))
+    return cls.__name__
+
+
+def save_hf_pretrained(
+    model: nn.Module, tokenizer: Any, out_dir: str | os.PathLike, *, bucket_bytes: int = 2 * 2**30
+) -> Path | None:
+    """Write a `from_pretrained`-loadable directory from `model` (all ranks call; rank 0 writes).
+
+    One safetensors file per bucket (`model.safetensors` when there is one, else
+    `model-0000k-of-0000n.safetensors` with `model.safetensors.index.json`), the config (with the
+    architecture and dtype of the saved weights), the generation config and the tokenizer.
+    Returns the directory on rank 0, None elsewhere.
+    """
+    out = Path(out_dir)
+    is_main = _rank() == 0
+    if is_main:
+        out.mkdir(parents=True, exist_ok=True)
+    files: list[tuple[Path, list[str]]] = []
+    dtype = None
+    for k, bucket in enumerate(iter_full_state(model, bucket_bytes=bucket_bytes)):
+        if not is_main:
+            continue
+        path = out / f"part-{k:05d}.safetensors"
+        tensors = {name: t.detach().to("cpu").contiguous() for name, t in bucket}
+        dtype = dtype or next((t.dtype for t in tensors.values() if t.is_floating_point()), None)
+        save_file(tensors, path, metadata={"format": "pt"})
+        files.append((path, list(tensors)))
+    if is_main:
+        _finish_files(out, files)
+        config = copy.deepcopy(model.config)
+        config.architectures = [_model_class_name(model)]
+        if dtype is not None:
+            config.dtype = dtype
+        config.save_pretrained(out)
+        generation = getattr(model, "generation_config", None)
+        if generation is not None:
+            generation.save_pretrained(out)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(out)
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    return out if is_main else None
+
+
+def _finish_files(out: Path, files: list[tuple[Path, list[str]]]) -> None:
+    """Give the part files their Hugging Face names, with an index when there are several."""
+    for stale in [*out.glob("model*.safetensors"), out / "model.safetensors.index.json"]:
+        stale.unlink(missing_ok=True)
+    if len(files) == 1:
+        files[0][0].rename(out / "model.safetensors")
+        return
+    weight_map, total = {}, 0
+    for k, (path, names) in enumerate(files):
+        target = out / f"model-{k + 1:05d}-of-{len(files):05d}.safetensors"
+        path.rename(target)
+        weight_map |= dict.fromkeys(names, target.name)
+        total += target.stat().st_size  # bytes on disk (tensors plus a small header per file)
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True))
+
+
+def gathered_state(model: nn.Module) -> dict[str, Tensor]:
+    """All of `iter_full_state` in one dict on CPU (rank 0; empty elsewhere). For tests and small models."""
+    return {name: t.to("cpu") for bucket in iter_full_state(model) for name, t in bucket}
+
+
+__all__ = ["BUCKET_BYTES", "gathered_state", "iter_full_state", "save_hf_pretrained"]

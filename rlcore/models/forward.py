@@ -1,0 +1,243 @@
+"""Model-side passes over rolled-out batches: micro-batching, trimming, log-probs and entropies.
+
+    old, ent = compute_logprobs(model, batch, temperature=1.0, max_tokens=8192, with_entropy=True)
+    for micro, rows in micro_batches(batch, max_tokens=8192):   # the update's gradient pass
+        inputs = sequence_tensors(micro)
+        logits = response_logits(model, inputs)                 # (m, r, v), model dtype
+        logprob = token_logprobs(logits, inputs.labels)          # (m, r) float32
+
+A rolled-out batch (see `rlcore.rollout.base`) holds the left-padded prompt (`input_ids`,
+`attention_mask`) and the right-padded response (`responses`, `response_attention`,
+`response_mask`). The model reads `[prompt | response]` with attention `attention_mask ++
+response_attention` and position ids `cumsum(attention) - 1` clamped at 0 (verl's convention).
+
+Padding removal is by trimming: a micro-batch keeps only the prompt columns and response columns
+some row of it uses (left-padded prompts lose their leading all-pad columns, responses their
+trailing ones), and the model computes logits only for the response positions (`logits_to_keep`).
+With token-budget dynamic batching (`max_tokens`), rows are sorted by length and packed greedily so
+that rows x trimmed width stays within the budget; outputs are written back through the row
+indices, so the caller sees the original order. Packed varlen sequences (flash-attention) are not
+implemented: trimming works with every attention implementation, CPU included.
+
+Memory: logits exist for one micro-batch at a time, in the model's dtype, response positions only
+(the token budget bounds them: budget x vocab); log-probs and entropies never make a second full
+float32 (m, r, v) copy: `rlcore.pure.token_logprobs` and `token_entropy` work on position chunks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from rlcore.batch import Batch
+from rlcore.dist.fsdp import model_mesh
+from rlcore.dist.reduce import all_reduce_int
+from rlcore.pure.logprobs import token_logprobs
+from rlcore.pure.losses import entropy as _entropy
+
+_CHUNK_BYTES = 64 * 2**20  # float32 logits per entropy chunk
+
+SEQUENCE_FIELDS = ("input_ids", "attention_mask", "responses", "response_attention", "response_mask")
+"""The batch fields the model passes read."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelInputs:
+    """Trimmed model inputs of one micro-batch (m rows, s = p' + r columns)."""
+
+    input_ids: Tensor
+    """(m, s) long: trimmed prompt followed by the trimmed response."""
+    attention_mask: Tensor
+    """(m, s) long: 1 on real tokens."""
+    position_ids: Tensor
+    """(m, s) long: cumsum(attention_mask) - 1, clamped at 0."""
+    labels: Tensor
+    """(m, r) long: the response tokens whose log-probs the last r + 1 logits predict."""
+
+
+def _row_lengths(batch: Batch) -> tuple[Tensor, Tensor]:
+    """(prompt tokens, response width) per row, on CPU: real prompt tokens, last used response column + 1."""
+    prompt = batch["attention_mask"].detach().to("cpu", torch.long).sum(dim=-1)  # (b,)
+    used = batch["response_attention"].detach().to("cpu") != 0  # (b, t)
+    cols = torch.arange(1, used.shape[1] + 1)  # (t,)
+    response = torch.where(used, cols, 0).amax(dim=-1) if used.shape[1] else torch.zeros_like(prompt)
+    return prompt, response  # (b,), (b,)
+
+
+def sequence_tensors(batch: Batch) -> ModelInputs:
+    """Model inputs for `batch`'s rows, trimmed to the columns some row uses (see the module docstring)."""
+    attn_p = batch["attention_mask"].long()  # (m, p)
+    attn_r = batch["response_attention"].long()  # (m, t)
+    prompt_used = attn_p.any(dim=0)  # (p,)
+    first = int(torch.argmax(prompt_used.int()).item()) if bool(prompt_used.any()) else attn_p.shape[1] - 1
+    response_used = attn_r.any(dim=0)  # (t,)
+    width = int(response_used.nonzero().max().item()) + 1 if bool(response_used.any()) else 0
+    responses = batch["responses"][:, :width]  # (m, r)
+    input_ids = torch.cat([batch["input_ids"][:, first:], responses], dim=1)  # (m, s)
+    attention = torch.cat([attn_p[:, first:], attn_r[:, :width]], dim=1)  # (m, s)
+    position_ids = (attention.cumsum(dim=-1) - 1).clamp(min=0)  # (m, s)
+    return ModelInputs(
+        input_ids=input_ids, attention_mask=attention, position_ids=position_ids, labels=responses
+    )
+
+
+def response_logits(model: nn.Module, inputs: ModelInputs) -> Tensor:
+    """Logits predicting each response token: (m, r, v) in the model's output dtype."""
+    width = inputs.labels.shape[1]
+    out = model(
+        input_ids=inputs.input_ids,
+        attention_mask=inputs.attention_mask,
+        position_ids=inputs.position_ids,
+        use_cache=False,
+        logits_to_keep=width + 1,  # the last prompt position predicts the first response token
+    )
+    return out.logits[:, :-1]  # (m, r, v)
+
+
+def _scaled_entropy(logits: Tensor, temperature: float) -> Tensor:
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32))  # scale after the upcast (bf16 logits)
+    return _entropy(z if temperature == 1.0 else z / temperature)
+
+
+def token_entropy(logits: Tensor, *, temperature: float = 1.0, chunk_size: int | None = None) -> Tensor:
+    """Entropy of softmax(logits / temperature) per position, (m, r, v) -> (m, r) float32, chunk by chunk.
+
+    At most `chunk_size` positions (default ~64 MiB of float32) are upcast at a time. With grad, each
+    chunk is checkpointed: backward recomputes its softmax, so no chunk's float32 copy is kept.
+    """
+    v = max(1, logits.shape[-1])
+    chunk = chunk_size or max(1, _CHUNK_BYTES // (4 * v))
+    flat = logits.reshape(-1, logits.shape[-1])  # (m * r, v)
+    grad = torch.is_grad_enabled() and logits.requires_grad
+    parts = []
+    for i in range(0, flat.shape[0], chunk):
+        piece = flat[i : i + chunk]
+        if grad:
+            parts.append(checkpoint(_scaled_entropy, piece, temperature, use_reentrant=False))
+        else:
+            parts.append(_scaled_entropy(piece, temperature))
+    out = torch.cat(parts) if parts else flat.new_zeros(0, dtype=torch.float32)
+    return out.reshape(logits.shape[:-1])
+
+
+def _split_rows(rows: list[Tensor], count: int) -> list[Tensor]:
+    """Halve the largest pieces until there are `count` pieces or none has two rows."""
+    rows = list(rows)
+    while len(rows) < count:
+        biggest = max(range(len(rows)), key=lambda i: len(rows[i]))
+        if len(rows[biggest]) < 2:
+            break
+        piece = rows.pop(biggest)
+        half = (len(piece) + 1) // 2
+        rows[biggest:biggest] = [piece[:half], piece[half:]]
+    return rows
+
+
+def _token_budget_groups(prompt: Tensor, response: Tensor, max_tokens: int) -> list[Tensor]:
+    """Rows sorted by length (longest first), packed while rows x (max prompt + max response) <= budget."""
+    order = torch.argsort(prompt + response, descending=True, stable=True).tolist()
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    max_p = max_r = 0
+    for i in order:
+        p, r = int(prompt[i]), int(response[i])
+        new_p, new_r = max(max_p, p), max(max_r, r)
+        if cur and (len(cur) + 1) * (new_p + new_r) > max_tokens:
+            groups.append(cur)
+            cur, new_p, new_r = [], p, r
+        cur.append(i)
+        max_p, max_r = new_p, new_r
+    if cur:
+        groups.append(cur)
+    return [torch.tensor(g, dtype=torch.long) for g in groups]
+
+
+def micro_batches(
+    batch: Batch, *, micro_batch_size: int | None = None, max_tokens: int | None = None, min_count: int = 1
+) -> list[tuple[Batch, Tensor]]:
+    """Split `batch` into micro-batches: a list of (micro Batch, row indices into `batch`).
+
+    `max_tokens` (token-budget dynamic batching, takes precedence): rows sorted by length, longest
+    first, and packed greedily while rows x trimmed width (prompt + response columns) <= max_tokens;
+    a row longer than the budget goes alone. Else `micro_batch_size` consecutive rows; else one piece.
+    `min_count`: split the largest pieces until there are at least that many (all ranks must run as
+    many passes under FSDP); if the rows run out, padding pieces follow: one copy of row 0 with
+    `response_mask` zeroed and indices of length 0 — run them, drop their outputs.
+    Results go back to the original order with `out[rows] = micro_out[: len(rows)]`.
+    """
+    n = len(batch)
+    if n == 0:
+        raise ValueError("micro_batches: the batch has no rows")
+    if max_tokens is not None:
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens_per_micro_batch must be >= 1, got {max_tokens}")
+        rows = _token_budget_groups(*_row_lengths(batch), max_tokens)
+    elif micro_batch_size is not None:
+        if micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        rows = list(torch.arange(n).split(micro_batch_size))
+    else:
+        rows = [torch.arange(n)]
+    rows = _split_rows(rows, min_count)
+    out = [(batch[r], r) for r in rows]
+    if len(out) < min_count:
+        pad = batch[:1]
+        if "response_mask" in pad:
+            pad = pad.with_(response_mask=torch.zeros_like(pad["response_mask"]), overwrite=True)
+        out += [(pad, torch.zeros(0, dtype=torch.long))] * (min_count - len(out))
+    return out
+
+
+def aligned_micro_batches(
+    batch: Batch, mesh, *, micro_batch_size: int | None = None, max_tokens: int | None = None
+) -> list[tuple[Batch, Tensor]]:
+    """`micro_batches` with the same count on every rank of `mesh` (the largest count; a collective)."""
+    pieces = micro_batches(batch, micro_batch_size=micro_batch_size, max_tokens=max_tokens)
+    count = all_reduce_int(len(pieces), mesh, op="max")
+    if count == len(pieces):
+        return pieces
+    return micro_batches(batch, micro_batch_size=micro_batch_size, max_tokens=max_tokens, min_count=count)
+
+
+@torch.no_grad()
+def compute_logprobs(
+    model: nn.Module,
+    batch: Batch,
+    *,
+    temperature: float = 1.0,
+    micro_batch_size: int | None = None,
+    max_tokens: int | None = None,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs (and entropies) of `batch`'s responses under `model`: ((b, t) float32, (b, t) | None).
+
+    Both are 0 where `response_mask` is 0, in the batch's row order. Runs without grad, micro-batched
+    (`micro_batch_size` rows, or a `max_tokens` budget) and trimmed; under FSDP every rank of the
+    model's mesh must call it (the micro-batch count is agreed with one collective).
+    """
+    work = batch.select(*SEQUENCE_FIELDS)
+    mask = batch["response_mask"]
+    b, t = mask.shape
+    logprobs = torch.zeros(b, t, dtype=torch.float32, device=mask.device)
+    entropies = torch.zeros(b, t, dtype=torch.float32, device=mask.device) if with_entropy else None
+    pieces = aligned_micro_batches(
+        work, model_mesh(model), micro_batch_size=micro_batch_size, max_tokens=max_tokens
+    )
+    for micro, rows in pieces:
+        inputs = sequence_tensors(micro)
+        logits = response_logits(model, inputs)  # (m, r, v)
+        r, k = logits.shape[1], len(rows)
+        rows = rows.to(mask.device)
+        lp = token_logprobs(logits, inputs.labels, temperature=temperature)  # (m, r)
+        logprobs[rows, :r] = lp[:k].float()
+        if entropies is not None:
+            entropies[rows, :r] = token_entropy(logits, temperature=temperature)[:k].float()
+        del logits
+    keep = mask != 0
+    logprobs = torch.where(keep, logprobs, 0.0)
+    if entropies is not None:
+        entropies = torch.where(keep, entropies, 0.0)
+    return logprobs, entropies

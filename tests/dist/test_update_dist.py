@@ -1,0 +1,132 @@
+"""One update on 2 FSDP2 ranks (gloo) equals the same update in one process with the plain module.
+
+All scenarios run in one spawn (the ranks' start-up dominates). The one-process reference uses a
+different micro-batch split than the ranks, so equality also shows independence from the split.
+Compared: actor/pg_loss, actor/grad_norm and every parameter after the step(s), fp32, <= 1e-6.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from configs import AlgoConfig, OptimConfig
+from rlcore.batch import Batch
+from rlcore.models import load_policy
+from rlcore.models.forward import compute_logprobs
+from tests.dist import workers
+from tests.dist.rollouts import fake_rollout, with_logprobs
+
+N = 3  # samples per prompt
+PROMPTS = 4
+HORIZON = 12
+# eps 1e-3: Adam's first step is lr g / (|g| + eps); with the default 1e-8 it is ~lr sign(g), blind to
+# the gradient's scale and, near g = 0, amplifying fp32 round-off of the gradient (~1e-10) by lr / eps.
+# A large eps makes the step proportional to the gradient, so the weights check the gradient itself.
+OPTIM = OptimConfig(lr=1e-2, eps=1e-3)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """One torch thread: on a shared 2-core machine, 2 OpenMP threads stall badly in backward."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+SCENARIOS = [
+    # token-mean, one mini-batch; ranks: 2-row micro-batches, reference: one micro-batch
+    dict(name="token_mean", algo=AlgoConfig(loss_agg="token-mean", micro_batch_size=2), ref_micro=64),
+    # seq-mean-token-mean, two mini-batches (two optimizer updates), uneven 2 + 1 row micro-batches
+    dict(
+        name="seq_mean",
+        algo=AlgoConfig(loss_agg="seq-mean-token-mean", mini_batch_size=2, micro_batch_size=2),
+        ref_micro=64,
+    ),
+    # token-budget dynamic batching with every loss term (KL loss, entropy bonus, TIS) and 2 epochs;
+    # reference: fixed 5-row micro-batches
+    dict(
+        name="dynamic",
+        algo=AlgoConfig(
+            loss_agg="token-mean",
+            micro_batch_size=64,
+            max_tokens_per_micro_batch=40,
+            use_kl_loss=True,
+            entropy_coef=0.01,
+            tis_cap=2.0,
+            ppo_epochs=2,
+        ),
+        ref_micro=5,
+    ),
+    # hybrid shard (replicate 2 x shard 1), seq-mean-token-sum-norm, gradient clipping active
+    dict(
+        name="hybrid",
+        algo=AlgoConfig(loss_agg="seq-mean-token-sum-norm", micro_batch_size=3),
+        ref_micro=64,
+        replicate=2,
+        optim=dataclasses.replace(OPTIM, grad_clip=0.05),
+    ),
+]
+
+
+def _scenario(sc: dict) -> dict:
+    return {"replicate": 1, "optim": OPTIM, "n": N, "horizon": HORIZON} | sc
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("update")
+    model, _ = load_policy("builtin:tiny")
+    batch = with_logprobs(model, fake_rollout(PROMPTS, N, max_prompt=7, max_response=HORIZON, seed=1))
+    torch.save({**batch.tensors, **batch.non_tensors}, directory / "batch.pt")
+    scenarios = [_scenario(sc) for sc in SCENARIOS]
+    workers.spawn("update_scenarios", directory, scenarios)
+    loaded = {
+        sc["name"]: torch.load(directory / f"{sc['name']}.pt") | {"directory": directory} for sc in scenarios
+    }
+    return batch, loaded
+
+
+def _one_process(batch: Batch, sc: dict):
+    model, _ = load_policy("builtin:tiny")
+    state = workers.new_state(model, sc["optim"])
+    algo = dataclasses.replace(sc["algo"], micro_batch_size=sc["ref_micro"], max_tokens_per_micro_batch=None)
+    _, metrics = workers.update_step(state, batch, algo, sc["optim"], horizon=sc["horizon"])
+    return metrics, dict(model.state_dict())
+
+
+def test_sharded_logprob_pass_with_unequal_rows(results):
+    batch, _ = results
+    directory = next(iter(results[1].values()))["directory"]
+    ranks = [torch.load(directory / f"logprobs_rank{r}.pt") for r in range(2)]
+    assert ranks[0]["pieces"] > ranks[1]["pieces"]  # rank 1 had to pad with empty micro-batches
+    model, _ = load_policy("builtin:tiny")
+    lp, ent = compute_logprobs(model, batch, with_entropy=True)
+    torch.testing.assert_close(torch.cat([r["logprobs"] for r in ranks]), lp, atol=1e-6, rtol=0)
+    torch.testing.assert_close(torch.cat([r["entropy"] for r in ranks]), ent, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("name", [sc["name"] for sc in SCENARIOS])
+def test_two_ranks_equal_one_process(results, name):
+    batch, by_name = results
+    sc = _scenario(next(s for s in SCENARIOS if s["name"] == name))
+    ranks = by_name[name]
+    metrics, weights = _one_process(batch, sc)
+    assert ranks["metrics"]["actor/bad_updates"] == 0.0
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/ppo_kl", "actor/pg_clipfrac", "actor/entropy"):
+        assert ranks["metrics"][key] == pytest.approx(metrics[key], abs=1e-6, rel=0), key
+    if sc["algo"].use_kl_loss:
+        assert ranks["metrics"]["actor/kl_loss"] == pytest.approx(metrics["actor/kl_loss"], abs=1e-6, rel=0)
+    assert ranks["metrics"]["actor/pg_clipfrac"] > 0  # the clip is exercised (old log-probs perturbed)
+    assert set(ranks["weights"]) == {"model.embed_tokens.weight"} | {
+        k for k in weights if k != "lm_head.weight"
+    }  # tied lm_head sent once
+    moved = 0.0
+    initial, _ = load_policy("builtin:tiny")
+    for key, value in ranks["weights"].items():
+        torch.testing.assert_close(value, weights[key], atol=1e-6, rtol=0, msg=key)
+        moved = max(moved, float((value - initial.state_dict()[key]).abs().max()))
+    assert moved > 1e-3  # the step changed the weights (lr 1e-2)

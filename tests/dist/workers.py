@@ -1,0 +1,140 @@
+"""Code that runs inside the 2 spawned gloo ranks of tests/dist (kept out of the test modules so the
+children import little). Each worker writes what rank 0 saw to files the test process compares."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from configs import AlgoConfig, OptimConfig
+from rlcore.batch import Batch
+from rlcore.dist import (
+    apply_fsdp,
+    build_mesh,
+    gathered_state,
+    init_distributed,
+    latest_checkpoint,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    save_hf_pretrained,
+)
+from rlcore.models import load_policy
+from rlcore.models.forward import compute_logprobs, micro_batches
+from rlcore.update import TrainState, build_optimizer, build_scheduler, update_step
+
+WORLD = 2
+
+
+def spawn(worker: str, directory: Path, *args) -> None:
+    """Run `worker(rank, directory, *args)` on WORLD gloo ranks (a FileStore in `directory`)."""
+    store = str(directory / f"store-{worker}")
+    mp.spawn(_entry, args=(worker, store, str(directory), args), nprocs=WORLD, join=True)
+
+
+def _entry(rank: int, worker: str, store: str, directory: str, args: tuple) -> None:
+    torch.set_num_threads(1)
+    os.environ["LOCAL_RANK"] = str(rank)
+    dist.init_process_group("gloo", store=dist.FileStore(store, WORLD), rank=rank, world_size=WORLD)
+    try:
+        globals()[worker](rank, Path(directory), *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def new_state(model, optim: OptimConfig, total_updates: int = 10) -> TrainState:
+    opt = build_optimizer(model, optim)
+    return TrainState(model=model, optimizer=opt, scheduler=build_scheduler(opt, optim, total_updates))
+
+
+def rank_rows(batch: Batch, *, n: int, prompts_per_update: int, rank: int, world: int) -> Batch:
+    """This rank's rows: its share of every mini-batch (whole groups of n rows), in order."""
+    rows = []
+    per_rank = prompts_per_update // world
+    for first in range(0, len(batch) // n, prompts_per_update):
+        start = (first + rank * per_rank) * n
+        rows.extend(range(start, start + per_rank * n))
+    return batch[rows]
+
+
+def update_scenarios(rank: int, directory: Path, scenarios: list[dict]) -> None:
+    """One update_step per scenario on an FSDP2-sharded builtin:tiny; rank 0 saves metrics + full weights."""
+    info = init_distributed("cpu")
+    batch = torch.load(directory / "batch.pt", weights_only=True)
+    batch = Batch.from_dict(batch)
+    # compute_logprobs on the sharded model, ranks holding 9 and 3 rows and a small token budget:
+    # rank 1 runs fewer real micro-batches and pads with empty ones (FSDP needs equal pass counts)
+    model, _ = load_policy("builtin:tiny")
+    apply_fsdp(model, build_mesh(info))
+    mine = batch[:9] if rank == 0 else batch[9:]
+    lp, ent = compute_logprobs(model, mine, max_tokens=24, with_entropy=True)
+    pieces = len(micro_batches(mine, max_tokens=24))
+    torch.save({"logprobs": lp, "entropy": ent, "pieces": pieces}, directory / f"logprobs_rank{rank}.pt")
+    for sc in scenarios:
+        mesh = build_mesh(info, replicate=sc["replicate"])
+        model, _ = load_policy("builtin:tiny")
+        apply_fsdp(model, mesh)
+        state = new_state(model, sc["optim"])
+        prompts = sc["algo"].mini_batch_size or len(batch) // sc["n"]
+        local = rank_rows(batch, n=sc["n"], prompts_per_update=prompts, rank=rank, world=WORLD)
+        state, metrics = update_step(state, local, sc["algo"], sc["optim"], mesh=mesh, horizon=sc["horizon"])
+        weights = gathered_state(model)
+        if rank == 0:
+            torch.save({"metrics": metrics, "weights": weights}, directory / f"{sc['name']}.pt")
+
+
+def checkpoint_and_stream(rank: int, directory: Path, algo: AlgoConfig, optim: OptimConfig) -> None:
+    """Step, save (DCP), step; a fresh differently-initialised model loads the checkpoint and steps;
+    then the first model is exported with save_hf_pretrained (small buckets: several files)."""
+    info = init_distributed("cpu")
+    mesh = build_mesh(info)
+    data = torch.load(directory / "batch.pt", weights_only=True)
+    batch = Batch.from_dict(data)
+    half = len(batch) // 2
+    first, second = batch[:half], batch[half:]  # two training steps' data, 2 prompts x 3 each
+    local = [rank_rows(b, n=3, prompts_per_update=2, rank=rank, world=WORLD) for b in (first, second)]
+
+    model, tokenizer = load_policy("builtin:tiny", seed=0)
+    apply_fsdp(model, mesh)
+    state = new_state(model, optim)
+    state, _ = update_step(state, local[0], algo, optim, mesh=mesh, horizon=12)
+    after_first = gathered_state(model)
+    rng = rng_state()
+    save_checkpoint(
+        directory / "ckpt",
+        1,
+        model,
+        state.optimizer,
+        extra={"step": 1, "scheduler": state.scheduler.state_dict()},
+        tensors=rng,
+    )
+    state, metrics = update_step(state, local[1], algo, optim, mesh=mesh, horizon=12)
+    after_second = gathered_state(model)
+
+    fresh, _ = load_policy("builtin:tiny", seed=5)  # different weights before loading
+    apply_fsdp(fresh, mesh)
+    resumed = new_state(fresh, optim)
+    extra, tensors = load_checkpoint(latest_checkpoint(directory / "ckpt"), fresh, resumed.optimizer)
+    resumed.scheduler.load_state_dict(extra["scheduler"])
+    resumed, resumed_metrics = update_step(resumed, local[1], algo, optim, mesh=mesh, horizon=12)
+    after_resumed = gathered_state(fresh)
+
+    save_hf_pretrained(model, tokenizer, directory / "hf", bucket_bytes=64 * 2**10)
+    if rank == 0:
+        torch.save(
+            {
+                "after_first": after_first,
+                "after_second": after_second,
+                "after_resumed": after_resumed,
+                "metrics": metrics,
+                "resumed_metrics": resumed_metrics,
+                "rng_saved": rng,
+                "rng_loaded": tensors,
+                "extra": extra,
+            },
+            directory / "checkpoint.pt",
+        )
