@@ -1,0 +1,382 @@
+"""The native engine: batched KV-cache sampling over a Hugging Face causal LM, on CPU or GPU.
+
+    engine = NativeEngine(model, tokenizer)                    # shares `model` (no copy)
+    rollouts = engine.generate(prompts, SamplingParams(n=8, max_tokens=64, temperature=1.0))
+
+How it decodes (see `rlcore.rollout.base` for the fields it returns):
+- the left-padded prompts are prefilled once each, in one forward pass that keeps only the last
+  position's logits; the cache rows and logits are then repeated `n` times (as
+  `Batch.repeat_interleave` repeats the rows, so a prompt's samples are consecutive, with its `uid`);
+  every step feeds one token per row with `position_ids` continuing each row's own positions, so a
+  sample sees exactly what a teacher-forced pass over prompt + response sees;
+- the KV cache is preallocated for prompt + `max_tokens` positions (`PreallocatedLayer`, written in
+  place instead of concatenated each step) when every layer is full attention; other models get
+  `DynamicCache(config=...)`;
+- a finished row (a stop token, a stop string, or `max_tokens`) stops costing compute: once at least
+  `compact_fraction` of the batch has finished, the cache, mask and positions are indexed down to the
+  live rows; the loop ends when none is live;
+- tokens are drawn by `rlcore.rollout.sampling.sample_tokens` with the engine's own `torch.Generator`
+  (or a fresh one seeded with `sampling.seed`), never the global RNG; their log-probs are float32
+  log q under the processed distribution;
+- stop strings are checked each step on the decoded tail of each live row (only as many tokens as the
+  longest stop string has characters, plus one), in one `batch_decode` call.
+
+Transformers compatibility: 5.16-5.19 name the cache argument `past_key_values`, 5.20+ `cache`; the
+engine reads the forward signature once and passes the cache object it owns, so the output key does
+not matter.
+
+Sharing and weights: in a single process the engine runs the trainer's module itself (eval mode and
+no_grad during `generate`, the module's mode restored after), so there is nothing to sync. Under FSDP
+give it its own unsharded copy and call `load_weights` with the gathered full tensors after each
+update: a sharded module cannot be used, since ranks decode different numbers of steps.
+`sleep()` drops cached state (and, with `offload_on_sleep=True` on a GPU, moves the engine's own
+weights to CPU); `wake()` undoes it.
+
+`compile=True` runs the decode steps through `torch.compile` (`compile_mode="reduce-overhead"` adds
+CUDA graphs on GPU). It is off by default and has not been measured on a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+from transformers import PretrainedConfig
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+from rlcore.batch import Batch
+from rlcore.data.prompts import pad_token_id
+from rlcore.rollout.base import SamplingParams
+from rlcore.rollout.sampling import check_sampling, sample_tokens
+
+_WRAPPER_PARTS = ("_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
+
+
+class PreallocatedLayer(DynamicLayer):
+    """A full-attention cache layer with room for `capacity` positions, written in place.
+
+    `update` writes the new keys/values after the ones already held and returns views of the filled
+    part, so a decode step copies one position instead of concatenating the whole cache.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0
+
+    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
+        b, h, _, dk = key_states.shape
+        self.key_buffer = key_states.new_empty((b, h, self.capacity, dk))  # (b, h, c, d)
+        self.value_buffer = value_states.new_empty((b, h, self.capacity, value_states.shape[-1]))
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def update(
+        self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[Tensor, Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start, end = self.length, self.length + key_states.shape[-2]
+        if end > self.capacity:
+            raise RuntimeError(f"KV cache full: {end} positions > capacity {self.capacity}")
+        self.key_buffer[:, :, start:end] = key_states
+        self.value_buffer[:, :, start:end] = value_states
+        self.length = end
+        self.keys, self.values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return self.capacity
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Repeat each row `repeats` times (n samples after one prefill of each prompt)."""
+        if not self.is_initialized:
+            return
+        for name in ("key_buffer", "value_buffer"):
+            old = getattr(self, name)
+            new = old.new_empty((old.shape[0] * repeats, *old.shape[1:]))
+            new[:, :, : self.length] = old[:, :, : self.length].repeat_interleave(repeats, dim=0)
+            setattr(self, name, new)
+        self.keys = self.key_buffer[:, :, : self.length]
+        self.values = self.value_buffer[:, :, : self.length]
+
+    def batch_select_indices(self, indices: Tensor) -> None:
+        """Keep rows `indices` (copies only the filled positions into new buffers)."""
+        if not self.is_initialized:
+            return
+        for name in ("key_buffer", "value_buffer"):
+            old = getattr(self, name)
+            new = old.new_empty((indices.shape[0], *old.shape[1:]))
+            new[:, :, : self.length] = old[indices, :, : self.length]
+            setattr(self, name, new)
+        self.keys = self.key_buffer[:, :, : self.length]
+        self.values = self.value_buffer[:, :, : self.length]
+
+    def reset(self) -> None:
+        self.length = 0
+        self.is_initialized = False
+        self.keys = self.values = self.key_buffer = self.value_buffer = None
+
+
+def full_attention_only(config: Any) -> bool:
+    """Whether every layer of `config` is plain full attention (then the preallocated cache fits)."""
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return all(t == "full_attention" for t in layer_types)
+    return getattr(config, "sliding_window", None) is None and not getattr(
+        config, "attention_chunk_size", None
+    )
+
+
+def _forward_keywords(model: torch.nn.Module) -> tuple[str, str | None]:
+    """(the cache argument's name, the logits-to-keep argument's name or None) of `model.forward`."""
+    params = inspect.signature(model.forward).parameters
+    cache_kw = "cache" if "cache" in params else "past_key_values"
+    keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
+    return cache_kw, keep_kw
+
+
+def stop_token_ids(tokenizer: Any, model: torch.nn.Module, extra: Iterable[int] = ()) -> list[int]:
+    """`extra` plus the tokenizer's EOS and the model's generation-config EOS ids (deduplicated, sorted)."""
+    ids = set(extra)
+    generation = getattr(model, "generation_config", None)
+    for value in (getattr(tokenizer, "eos_token_id", None), getattr(generation, "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value is not None:
+            ids.update(int(v) for v in value)
+    return sorted(ids)
+
+
+class NativeEngine:
+    """Batched KV-cache sampling over a Hugging Face causal LM (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        device: torch.device | str | None = None,
+        generator_seed: int = 0,
+        kv_cache: str = "auto",
+        compact_fraction: float = 0.125,
+        offload_on_sleep: bool = False,
+        compile: bool = False,
+        compile_mode: str | None = None,
+    ) -> None:
+        """`model` is used as is (shared). `device` defaults to the model's; if given, the model moves there.
+        `kv_cache`: "auto" (preallocated when every layer is full attention) or "dynamic" (HF DynamicCache).
+        `compact_fraction`: drop finished rows from the batch once they are this share of it (0: at once).
+        `offload_on_sleep`: move the weights to CPU in `sleep` (only for an engine owning its copy)."""
+        if kv_cache not in ("auto", "dynamic"):
+            raise ValueError(f"kv_cache={kv_cache!r}: expected 'auto' or 'dynamic'")
+        if not 0 <= compact_fraction <= 1:
+            raise ValueError(f"compact_fraction={compact_fraction}: must be in [0, 1]")
+        param = next(model.parameters(), None)
+        self.device = (
+            torch.device(device)
+            if device is not None
+            else (param.device if param is not None else torch.device("cpu"))
+        )
+        if param is not None and param.device != self.device:
+            model.to(self.device)
+        self.model, self.tokenizer = model, tokenizer
+        self.pad_id = pad_token_id(tokenizer)
+        self.generator = torch.Generator(self.device).manual_seed(generator_seed)
+        self.compact_fraction, self.offload_on_sleep = compact_fraction, offload_on_sleep
+        self._cache_kw, self._keep_kw = _forward_keywords(model)
+        self._prealloc = kv_cache == "auto" and full_attention_only(getattr(model, "config", None))
+        self._step_fn = torch.compile(model, mode=compile_mode, dynamic=True) if compile else model
+        self._asleep = self._offloaded = False
+
+    # -- protocol -------------------------------------------------------------------------------
+
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        """`sampling.n` samples per prompt row, with the fields of `rlcore.rollout.base`."""
+        if self._asleep:
+            raise RuntimeError("NativeEngine.generate called while asleep; call wake() first")
+        _check_params(sampling)
+        rows = prompts.repeat_interleave(sampling.n)
+        out_device = prompts["input_ids"].device
+        generator = self.generator
+        if sampling.seed is not None:
+            generator = torch.Generator(self.device).manual_seed(sampling.seed)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                tokens, logprobs, lengths, reasons = self._decode(prompts, sampling, generator)
+        finally:
+            self.model.train(was_training)
+        t = int(lengths.max()) if lengths.numel() else 0
+        mask = (torch.arange(t, device=lengths.device) < lengths[:, None]).float()  # (b*n, t)
+        return rows.with_(
+            responses=tokens[:, :t].to(out_device),
+            response_mask=mask.to(out_device),
+            response_attention=mask.clone().to(out_device),
+            rollout_logprobs=logprobs[:, :t].to(out_device),
+            finish_reason=reasons,
+        )
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
+        """Copy full tensors, named as in the trainer's HF model, into this engine's model in place."""
+        targets = self.model.state_dict(keep_vars=True)
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                key = canonical_name(name)
+                if key not in targets:
+                    raise KeyError(f"load_weights: the engine's model has no tensor {name!r} (as {key!r})")
+                target = targets[key]
+                if tuple(target.shape) != tuple(tensor.shape):
+                    raise ValueError(
+                        f"load_weights: {name!r} has shape {tuple(tensor.shape)}, the engine's is {tuple(target.shape)}"
+                    )
+                target.copy_(tensor)
+
+    def sleep(self) -> None:
+        """Drop cached state; with `offload_on_sleep` on an accelerator, move the weights to CPU."""
+        self._asleep = True
+        if self.offload_on_sleep and self.device.type != "cpu":
+            self.model.to("cpu")
+            self._offloaded = True
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+
+    def wake(self) -> None:
+        """Undo `sleep`."""
+        if self._offloaded:
+            self.model.to(self.device)
+            self._offloaded = False
+        self._asleep = False
+
+    # -- decoding -------------------------------------------------------------------------------
+
+    def _new_cache(self, capacity: int) -> Cache:
+        if self._prealloc:
+            return Cache(layer_class_to_replicate=functools.partial(PreallocatedLayer, capacity))
+        config = getattr(self.model, "config", None)
+        return DynamicCache(config=config) if isinstance(config, PretrainedConfig) else DynamicCache()
+
+    def _forward(
+        self, fn: Any, ids: Tensor, mask: Tensor, pos: Tensor, cache: Cache, *, last: bool
+    ) -> Tensor:
+        kwargs: dict[str, Any] = {self._cache_kw: cache, "use_cache": True}
+        if last and self._keep_kw is not None:
+            kwargs[self._keep_kw] = 1
+        out = fn(input_ids=ids, attention_mask=mask, position_ids=pos, **kwargs)
+        return out.logits[:, -1]  # (b, v)
+
+    def _decode(
+        self, prompts: Batch, sp: SamplingParams, generator: torch.Generator
+    ) -> tuple[Tensor, Tensor, Tensor, list[str]]:
+        """(tokens, logprobs (b*n, T), lengths (b*n,), finish reasons) for `n` samples of each prompt.
+
+        Each prompt is prefilled once; its cache rows and last logits are then repeated n times."""
+        ids = prompts["input_ids"].to(self.device)  # (b, p)
+        p, n, big_t = ids.shape[1], sp.n, sp.max_tokens
+        cache = self._new_cache(p + big_t)
+        pos = _positions(prompts, self.device)  # (b, p)
+        prompt_mask = prompts["attention_mask"].to(self.device)  # (b, p)
+        logits = self._forward(self.model, ids, prompt_mask, pos, cache, last=True)  # (b, v)
+        if n > 1:
+            cache.batch_repeat_interleave(n)
+            logits, prompt_mask, pos = (x.repeat_interleave(n, dim=0) for x in (logits, prompt_mask, pos))
+        b = ids.shape[0] * n
+        mask = torch.cat([prompt_mask, prompt_mask.new_ones((b, big_t))], dim=1)  # (b, p+T)
+        pos = pos[:, -1:] + 1  # (b, 1)
+        tokens = ids.new_full((b, big_t), self.pad_id)  # (b, T)
+        logprobs = torch.zeros((b, big_t), dtype=torch.float32, device=self.device)
+        lengths = torch.full((b,), big_t, dtype=torch.long)
+        reasons = ["length"] * b
+        stop_ids = torch.tensor(
+            stop_token_ids(self.tokenizer, self.model, sp.stop_token_ids), device=self.device
+        )
+        strings = _StopStrings(self.tokenizer, sp.stop_strings)
+        sample = functools.partial(
+            sample_tokens,
+            generator=generator,
+            temperature=sp.temperature,
+            top_k=sp.top_k,
+            top_p=sp.top_p,
+            min_p=sp.min_p,
+        )
+        where = torch.arange(b, device=self.device)  # original row of each batch position
+        live = torch.ones(b, dtype=torch.bool, device=self.device)
+        n_live = b
+        for step in range(big_t):
+            tok, logp = sample(logits)  # (a,), (a,)
+            out_rows = where[live]
+            tokens[out_rows, step] = tok[live]
+            logprobs[out_rows, step] = logp[live]
+            done = torch.isin(tok, stop_ids) & live  # (a,)
+            if strings:
+                done |= strings.hits(tokens, where, live, step)
+            if bool(done.any()):
+                for r in where[done].tolist():
+                    lengths[r], reasons[r] = step + 1, "stop"
+                live = live & ~done
+                n_live = int(live.sum())
+            if n_live == 0 or step == big_t - 1:
+                break
+            if live.shape[0] - n_live > self.compact_fraction * live.shape[0]:  # drop finished rows
+                keep = live.nonzero().squeeze(1)
+                cache.batch_select_indices(keep)
+                mask, pos, tok, where = mask[keep], pos[keep], tok[keep], where[keep]
+                live = torch.ones(n_live, dtype=torch.bool, device=self.device)
+            logits = self._forward(
+                self._step_fn, tok[:, None], mask[:, : p + step + 1], pos, cache, last=False
+            )
+            pos = pos + 1
+        return tokens.cpu(), logprobs.cpu(), lengths, reasons
+
+
+class _StopStrings:
+    """Checks each live row's decoded tail for the stop strings (one batch_decode per step)."""
+
+    def __init__(self, tokenizer: Any, stop_strings: tuple[str, ...]) -> None:
+        self.tokenizer, self.strings = tokenizer, tuple(s for s in stop_strings if s)
+        self.window = max((len(s) for s in self.strings), default=0) + 1  # tokens: >= 1 character each
+
+    def __bool__(self) -> bool:
+        return bool(self.strings)
+
+    def hits(self, tokens: Tensor, where: Tensor, live: Tensor, step: int) -> Tensor:
+        """(a,) bool: live rows whose response so far ends inside a stop string's first occurrence."""
+        rows = where[live].tolist()
+        start = max(0, step + 1 - self.window)
+        tails = tokens[rows, start : step + 1].tolist()
+        texts = self.tokenizer.batch_decode(tails, skip_special_tokens=True)
+        hit = [any(s in text for s in self.strings) for text in texts]
+        out = torch.zeros(live.shape, dtype=torch.bool, device=live.device)
+        out[live] = torch.tensor(hit, dtype=torch.bool, device=live.device)
+        return out
+
+
+def canonical_name(name: str) -> str:
+    """A parameter name without wrapper parts (`_orig_mod.`, FSDP/checkpoint wrappers, a leading `module.`)."""
+    parts = [p for p in name.split(".") if p not in _WRAPPER_PARTS]
+    if parts and parts[0] == "module":
+        parts = parts[1:]
+    return ".".join(parts)
+
+
+def _positions(rows: Batch, device: torch.device) -> Tensor:
+    """The rows' `position_ids`, or verl's clip(cumsum(attention_mask) - 1, 0) when absent. (b, p)"""
+    if "position_ids" in rows:
+        return rows["position_ids"].to(device)
+    return (rows["attention_mask"].to(device).long().cumsum(dim=-1) - 1).clamp(min=0)
+
+
+def _check_params(sp: SamplingParams) -> None:
+    if sp.n < 1:
+        raise ValueError(f"sampling.n={sp.n}: must be >= 1")
+    if sp.max_tokens < 1:
+        raise ValueError(f"sampling.max_tokens={sp.max_tokens}: must be >= 1")
+    check_sampling(temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p)

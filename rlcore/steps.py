@@ -1,0 +1,130 @@
+"""One RL step as composable functions over Batches: rollout → score → log-probs → advantages → update.
+
+Each returns a new Batch (or state) and a dict of 0-dim metric tensors; `train.py` composes them,
+and a research script can call them directly (see experiments/custom_advantage.py):
+
+    batch, m1 = rollout_step(engine, prompts, sampling)
+    batch, m2 = score_step(scorer, batch, tokenizer=tokenizer)
+    batch = logprob_step(model, batch, temperature=1.0)                    # + old_logprobs
+    batch, m3 = advantage_step(batch, cfg.algo, kl_coef=0.0)               # + advantages, returns
+    state, m4 = update_step(state, batch, cfg.algo, cfg.optim, horizon=cfg.rollout.max_tokens)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from configs import AlgoConfig
+from rlcore.batch import Batch
+from rlcore.pure.advantages import ESTIMATORS
+from rlcore.pure.kl import apply_kl_penalty
+from rlcore.pure.masks import masked_mean
+from rlcore.rewards.step import score_step
+from rlcore.rollout.base import RolloutEngine, SamplingParams
+
+__all__ = [
+    "ESTIMATOR_INPUTS",
+    "advantage_step",
+    "filter_groups",
+    "group_ids",
+    "logprob_step",
+    "rollout_step",
+    "score_step",
+]
+
+
+def group_ids(batch: Batch) -> Tensor:
+    """A LongTensor (b,) labelling rows by prompt `uid` (samples of one prompt share a label)."""
+    labels: dict[Any, int] = {}
+    return torch.tensor([labels.setdefault(uid, len(labels)) for uid in batch["uid"]], dtype=torch.long)
+
+
+def rollout_step(
+    engine: RolloutEngine, prompts: Batch, sampling: SamplingParams
+) -> tuple[Batch, dict[str, Tensor]]:
+    """Generate `sampling.n` responses per prompt; metrics on lengths and time."""
+    start = time.perf_counter()
+    batch = engine.generate(prompts, sampling)
+    seconds = time.perf_counter() - start
+    lengths = batch["response_mask"].sum(-1)  # (b,)
+    truncated = torch.tensor([r == "length" for r in batch["finish_reason"]], dtype=torch.float32)
+    metrics = {
+        "response/length_mean": lengths.mean(),
+        "response/length_max": lengths.max(),
+        "response/clip_ratio": truncated.mean(),
+        "timing/rollout_s": torch.tensor(seconds),
+    }
+    return batch, metrics
+
+
+def logprob_step(model: Any, batch: Batch, *, key: str = "old_logprobs", **forward_kw: Any) -> Batch:
+    """Batch + `key` (b, t): the model's log-probs of the responses (no grad, micro-batched)."""
+    from rlcore.models.forward import compute_logprobs
+
+    logprobs, _ = compute_logprobs(model, batch, **forward_kw)
+    return batch.with_(**{key: logprobs}, overwrite=True)
+
+
+def _grouped(fn: Callable[..., tuple[Tensor, Tensor]]) -> Callable[..., tuple[Tensor, Tensor]]:
+    return lambda r, m, b, a: fn(r, m, group_ids(b))
+
+
+# How each estimator is fed from a Batch and the algorithm config: (rewards, mask, batch, algo) -> (adv, ret).
+ESTIMATOR_INPUTS: dict[str, Callable[[Tensor, Tensor, Batch, AlgoConfig], tuple[Tensor, Tensor]]] = {
+    "gae": lambda r, m, b, a: ESTIMATORS["gae"](r, b["values"], m, gamma=a.gamma, lam=a.lam),
+    "grpo": lambda r, m, b, a: ESTIMATORS["grpo"](r, m, group_ids(b), norm_by_std=a.norm_by_std),
+    "grpo_passk": lambda r, m, b, a: ESTIMATORS["grpo_passk"](r, m, group_ids(b), norm_by_std=a.norm_by_std),
+    "rloo": _grouped(ESTIMATORS["rloo"]),
+    "opo": _grouped(ESTIMATORS["opo"]),
+    "gpg": _grouped(ESTIMATORS["gpg"]),
+    "reinforce_pp_baseline": _grouped(ESTIMATORS["reinforce_pp_baseline"]),
+    "reinforce_plus_plus_baseline": _grouped(ESTIMATORS["reinforce_pp_baseline"]),
+    "reinforce_pp": lambda r, m, b, a: ESTIMATORS["reinforce_pp"](r, m, gamma=a.gamma),
+    "reinforce_plus_plus": lambda r, m, b, a: ESTIMATORS["reinforce_pp"](r, m, gamma=a.gamma),
+    "remax": lambda r, m, b, a: ESTIMATORS["remax"](r, m, b["baseline_rewards"]),
+}
+
+
+def advantage_step(
+    batch: Batch, algo: AlgoConfig, *, kl_coef: float = 0.0
+) -> tuple[Batch, dict[str, Tensor]]:
+    """Batch + `token_rewards` (scores minus the KL penalty when kl_coef > 0), `advantages`, `returns`."""
+    scores, mask = batch["token_scores"], batch["response_mask"]
+    metrics: dict[str, Tensor] = {}
+    rewards = scores
+    if kl_coef > 0:
+        rewards, kl_metrics = apply_kl_penalty(
+            scores, batch["old_logprobs"], batch["ref_logprobs"], mask, coef=kl_coef, kind=algo.kl_kind
+        )
+        metrics |= {f"actor/{k}": v for k, v in kl_metrics.items()}
+    advantages, returns = ESTIMATOR_INPUTS[algo.adv_estimator](rewards, mask, batch, algo)
+    metrics |= {
+        "critic/score/mean": scores.sum(-1).mean(),
+        "critic/rewards/mean": rewards.sum(-1).mean(),
+        "critic/advantages/mean": masked_mean(advantages, mask),
+        "critic/advantages/max": torch.where(mask > 0, advantages, -torch.inf).max(),
+        "critic/advantages/min": torch.where(mask > 0, advantages, torch.inf).min(),
+        "critic/returns/mean": masked_mean(returns, mask),
+    }
+    batch = batch.with_(token_rewards=rewards, advantages=advantages, returns=returns, overwrite=True)
+    return batch, metrics
+
+
+def filter_groups(batch: Batch, key: str = "token_scores") -> tuple[Batch, int, int]:
+    """DAPO dynamic sampling: drop prompt groups whose scores are all equal (no learning signal).
+
+    Returns the kept rows, the number of groups kept and the number of groups seen.
+    """
+    scores = batch[key].sum(-1)  # (b,)
+    ids = group_ids(batch)
+    n_groups = int(ids.max()) + 1 if len(ids) else 0
+    lo = torch.full((n_groups,), torch.inf, dtype=scores.dtype).scatter_reduce(0, ids, scores, "amin")
+    hi = torch.full((n_groups,), -torch.inf, dtype=scores.dtype).scatter_reduce(0, ids, scores, "amax")
+    varied = hi > lo  # (groups,)
+    keep = varied[ids]
+    return batch[keep.nonzero().squeeze(-1)], int(varied.sum()), n_groups

@@ -1,0 +1,83 @@
+"""Metrics out of the trainer: metrics.jsonl (orjson), an optional W&B run, and a live progress line.
+
+Rank 0 alone writes and prints; other ranks get a logger whose methods do nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+
+class MetricsLogger:
+    """Appends one JSON object per step to `out_dir/metrics.jsonl`, mirrors it to W&B, prints progress."""
+
+    def __init__(
+        self,
+        out_dir: Path,
+        *,
+        total_steps: int,
+        enabled: bool = True,
+        wandb_mode: str = "off",
+        wandb_project: str = "rlcore",
+        run_name: str = "rlcore",
+        config: dict[str, Any] | None = None,
+        progress: bool = True,
+    ) -> None:
+        self.enabled, self.progress, self.total = enabled, progress and enabled, total_steps
+        self.path = out_dir / "metrics.jsonl"
+        self.started = time.monotonic()
+        self.first_step: int | None = None
+        self._wandb = None
+        if enabled and wandb_mode != "off":
+            import wandb
+
+            self._wandb = wandb.init(
+                project=wandb_project, name=run_name, dir=str(out_dir), mode=wandb_mode, config=config or {}
+            )
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Record `metrics` of `step` (plain floats; non-finite values are written as null)."""
+        if not self.enabled:
+            return
+        record = {"step": step} | {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}
+        with self.path.open("ab") as f:
+            f.write(orjson.dumps(record) + b"\n")
+        if self._wandb is not None:
+            self._wandb.log(metrics, step=step)
+        if self.progress:
+            self._print(step, metrics)
+
+    def _print(self, step: int, metrics: dict[str, float]) -> None:
+        if self.first_step is None:
+            self.first_step, self.started = step, time.monotonic()
+        done = step - self.first_step + 1
+        per_step = (time.monotonic() - self.started) / max(done, 1)
+        eta = per_step * max(self.total - step, 0)
+        parts = [f"step {step}/{self.total}"]
+        for key, label in (
+            ("train/reward_mean", "reward"),
+            ("val/reward_mean", "val"),
+            ("actor/ppo_kl", "kl"),
+            ("actor/entropy", "entropy"),
+            ("timing/step_s", "s/step"),
+        ):
+            if key in metrics:
+                parts.append(f"{label} {metrics[key]:.3f}")
+        parts.append(f"ETA {int(eta) // 60}:{int(eta) % 60:02d}")
+        print(" | ".join(parts), file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl file."""
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]

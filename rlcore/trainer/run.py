@@ -1,0 +1,333 @@
+"""The training run: build every piece from a Config, loop over steps, close. Used by train.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from configs import Config, ConfigError, validate
+from rlcore.batch import Batch
+from rlcore.data.dataset import PromptDataset
+from rlcore.data.rows import DataError
+from rlcore.data.sources import read_sources
+from rlcore.pure.kl import adaptive_kl_coef
+from rlcore.pure.masks import masked_mean
+from rlcore.rewards.custom import RewardSpecError
+from rlcore.rewards.pool import RewardScorer
+from rlcore.rewards.step import OverlongPenalty
+from rlcore.rollout.base import SamplingParams
+from rlcore.steps import advantage_step, filter_groups, logprob_step, rollout_step, score_step
+from rlcore.trainer import checkpoints
+from rlcore.trainer.logger import MetricsLogger, read_metrics
+from rlcore.trainer.plots import plot_curves
+from rlcore.trainer.validation import validate_policy
+
+USER_ERRORS = (ConfigError, DataError, RewardSpecError)
+
+
+@dataclass(kw_only=True)
+class Pieces:
+    """Everything a run holds between steps (handles, not logic)."""
+
+    cfg: Config
+    out_dir: Path
+    dist: Any
+    mesh: Any
+    tokenizer: Any
+    train_ds: PromptDataset
+    val_ds: PromptDataset | None
+    scorer: RewardScorer
+    engine: Any
+    state: Any
+    critic: Any
+    ref_model: Any
+    logger: MetricsLogger
+    kl_coef: float
+
+
+def run(cfg: Config) -> int:
+    """Train to the end; user errors print one line and return 2."""
+    try:
+        pieces = build(cfg)
+    except USER_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        loop(pieces)
+    finally:
+        pieces.scorer.close()
+        pieces.logger.close()
+    return 0
+
+
+# ---------------------------------------------------------------- build
+
+
+def step_seed(seed: int, step: int, what: str) -> int:
+    """A sampling seed that depends on (seed, step, what) only, so resumed runs sample identically."""
+    return int.from_bytes(hashlib.blake2b(f"{seed}:{step}:{what}".encode(), digest_size=7).digest(), "little")
+
+
+def build(cfg: Config) -> Pieces:
+    from rlcore.dist.mesh import build_mesh, init_distributed
+    from rlcore.trainer.models import (
+        build_critic_state,
+        build_engine,
+        build_policy,
+        build_reference,
+        build_state,
+    )
+
+    try:
+        dist = init_distributed(cfg.trainer.device)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    validate(cfg, world_size=dist.world_size)
+    mesh = build_mesh(dist)
+    torch.manual_seed(cfg.trainer.seed)
+    out_dir = Path(cfg.out_dir or f"runs/{cfg.preset}-{datetime.now():%Y%m%d-%H%M%S}")
+    model, tokenizer = build_policy(cfg, dist, mesh)
+    train_ds, val_ds = _datasets(cfg, tokenizer)
+    sources = sorted({*train_ds_sources(train_ds), *(train_ds_sources(val_ds) if val_ds else ())})
+    r = cfg.reward
+    scorer = RewardScorer(
+        r.custom,
+        data_sources=sources,
+        num_workers=r.num_workers,
+        timeout_s=r.timeout_s,
+        failure_score=r.failure_score,
+        max_error_rate=r.max_error_rate,
+    )
+    needs_ref = cfg.algo.kl_coef > 0 or cfg.algo.use_kl_loss
+    ref_model = build_reference(cfg, dist, mesh) if needs_ref else None
+    state = build_state(cfg, model, dist)
+    engine = build_engine(cfg, model, tokenizer, dist)
+    critic = build_critic_state(cfg, dist, mesh) if cfg.algo.adv_estimator == "gae" else None
+    if dist.rank == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+    logger = MetricsLogger(
+        out_dir,
+        total_steps=cfg.trainer.steps,
+        enabled=dist.rank == 0,
+        wandb_mode=cfg.log.wandb,
+        wandb_project=cfg.log.project,
+        run_name=out_dir.name,
+        config=dataclasses.asdict(cfg),
+        progress=cfg.log.progress,
+    )
+    return Pieces(
+        cfg=cfg, out_dir=out_dir, dist=dist, mesh=mesh, tokenizer=tokenizer, train_ds=train_ds, val_ds=val_ds,
+        scorer=scorer, engine=engine, state=state, critic=critic, ref_model=ref_model, logger=logger, kl_coef=cfg.algo.kl_coef,
+    )  # fmt: skip
+
+
+def train_ds_sources(ds: PromptDataset) -> list[str]:
+    return sorted({row.data_source for row in ds.rows})
+
+
+def _datasets(cfg: Config, tokenizer: Any) -> tuple[PromptDataset, PromptDataset | None]:
+    d, seed = cfg.data, cfg.trainer.seed
+    common = {"max_prompt_length": d.max_prompt_length, "overlong": d.overlong}
+    rows = read_sources(d.train_files, split="train", builtin_size=d.builtin_train_size, seed=seed)
+    train = PromptDataset(rows, tokenizer, seed=seed, name="--data.train-files", **common)
+    val = None
+    if d.val_files:
+        rows = read_sources(d.val_files, split="val", builtin_size=d.builtin_val_size, seed=seed)
+        val = PromptDataset(rows, tokenizer, seed=seed, shuffle=False, name="--data.val-files", **common)
+    return train, val
+
+
+# ---------------------------------------------------------------- loop
+
+
+def loop(p: Pieces) -> None:
+    cfg = p.cfg
+    start = checkpoints.maybe_resume(p)
+    if start == 0 and p.val_ds is not None and cfg.trainer.val_every > 0:
+        p.logger.log(0, _validation(p, 0))
+    for step in range(start + 1, cfg.trainer.steps + 1):
+        metrics = train_step(p, step)
+        last = step == cfg.trainer.steps
+        every = cfg.trainer.val_every
+        if p.val_ds is not None and every > 0 and (step % every == 0 or last):
+            metrics |= _validation(p, step)
+        p.logger.log(step, metrics)
+        if cfg.trainer.save_every > 0 and (step % cfg.trainer.save_every == 0 or last):
+            checkpoints.save(p, step)
+    _finish(p)
+
+
+def _validation(p: Pieces, step: int) -> dict[str, float]:
+    cfg = p.cfg
+    assert p.val_ds is not None
+    return validate_policy(
+        p.engine,
+        p.val_ds,
+        p.scorer,
+        p.tokenizer,
+        max_tokens=cfg.rollout.max_tokens,
+        k=cfg.rollout.val_n,
+        seed=step_seed(cfg.trainer.seed, step, "val"),
+    )
+
+
+def _sampling(cfg: Config, step: int, round_: int = 0) -> SamplingParams:
+    r = cfg.rollout
+    return SamplingParams(
+        n=r.n,
+        max_tokens=r.max_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        seed=step_seed(cfg.trainer.seed, step, f"train{round_}"),
+    )
+
+
+def _overlong(cfg: Config) -> OverlongPenalty | None:
+    r = cfg.reward
+    if r.overlong_buffer_length <= 0:
+        return None
+    return OverlongPenalty(
+        buffer_length=r.overlong_buffer_length,
+        penalty_factor=r.overlong_penalty_factor,
+        max_length=cfg.rollout.max_tokens,
+    )
+
+
+def collect(p: Pieces, step: int) -> tuple[Batch, dict[str, torch.Tensor]]:
+    """Rollout + rewards for one step; with dynamic sampling, more rounds until the batch is full."""
+    cfg, wanted = p.cfg, p.cfg.data.batch_size
+    kept: list[Batch] = []
+    metrics: dict[str, torch.Tensor] = {}
+    rounds = cfg.algo.max_sampling_rounds if cfg.algo.dynamic_sampling else 1
+    groups_seen = groups_kept = 0
+    for round_ in range(rounds):
+        prompts = p.train_ds.next_batch(wanted)
+        batch, m = rollout_step(p.engine, prompts, _sampling(cfg, step, round_))
+        batch, rm = score_step(p.scorer, batch, tokenizer=p.tokenizer, overlong=_overlong(cfg))
+        if cfg.algo.adv_estimator == "remax":
+            batch = batch.with_(baseline_rewards=_greedy_baseline(p, prompts, step))
+        if round_ == 0:
+            metrics |= m | rm
+            metrics["train/reward_mean"] = batch["token_scores"].sum(-1).mean()
+        if not cfg.algo.dynamic_sampling:
+            return batch, metrics
+        batch, n_kept, n_seen = filter_groups(batch)
+        groups_seen, groups_kept = groups_seen + n_seen, groups_kept + n_kept
+        kept.append(batch)
+        if groups_kept >= wanted:
+            break
+    batch = Batch.concat(kept) if len(kept) > 1 else kept[0]
+    batch = batch[: min(len(batch), wanted * cfg.rollout.n)]
+    metrics["train/groups_drawn"] = torch.tensor(float(groups_seen))
+    metrics["train/groups_kept_frac"] = torch.tensor(groups_kept / max(groups_seen, 1))
+    return batch, metrics
+
+
+def _greedy_baseline(p: Pieces, prompts: Batch, step: int) -> torch.Tensor:
+    """ReMax: the reward of each prompt's greedy response, repeated for its n samples.  # (b * n,)"""
+    greedy = SamplingParams(n=1, max_tokens=p.cfg.rollout.max_tokens, temperature=0.0)
+    batch, _ = score_step(
+        p.scorer, p.engine.generate(prompts, greedy), tokenizer=p.tokenizer, overlong=_overlong(p.cfg)
+    )
+    return batch["token_scores"].sum(-1).repeat_interleave(p.cfg.rollout.n)
+
+
+def sft_step(p: Pieces, step: int) -> dict[str, float]:
+    """One supervised step (the sft preset): teacher-forced targets, NLL through update_step."""
+    from rlcore.trainer.sft import sft_batch
+    from rlcore.update import update_step
+
+    cfg, started = p.cfg, time.perf_counter()
+    batch = sft_batch(p.train_ds.next_batch(cfg.data.batch_size), p.tokenizer)
+    p.state, metrics = update_step(
+        p.state, batch, cfg.algo, cfg.optim, mesh=p.mesh, horizon=cfg.rollout.max_tokens
+    )
+    metrics["sft/nll"] = metrics["actor/pg_loss"]
+    metrics["response/length_mean"] = float(batch["response_mask"].sum(-1).float().mean())
+    metrics["timing/step_s"] = time.perf_counter() - started
+    return metrics
+
+
+def train_step(p: Pieces, step: int) -> dict[str, float]:
+    if p.cfg.preset == "sft":
+        return sft_step(p, step)
+    cfg, started = p.cfg, time.perf_counter()
+    batch, metrics = collect(p, step)
+    if len(batch) == 0:  # dynamic sampling found no group with a signal: nothing to learn this step
+        return {"train/empty_step": 1.0, "timing/step_s": time.perf_counter() - started}
+    model = p.state.model
+    forward = {"temperature": cfg.rollout.temperature, "micro_batch_size": cfg.algo.micro_batch_size,
+               "max_tokens": cfg.algo.max_tokens_per_micro_batch}  # fmt: skip
+    batch = logprob_step(model, batch, key="old_logprobs", **forward)
+    if p.ref_model is not None:
+        batch = logprob_step(p.ref_model, batch, key="ref_logprobs", **forward)
+    metrics |= _logprob_gap(batch)
+    if p.critic is not None:
+        from rlcore.critic import compute_values
+
+        batch = batch.with_(
+            values=compute_values(p.critic.model, batch, micro_batch_size=cfg.algo.micro_batch_size)
+        )
+    batch, am = advantage_step(batch, cfg.algo, kl_coef=p.kl_coef)
+    update_started = time.perf_counter()
+    from rlcore.trainer.models import sync_weights
+    from rlcore.update import update_step
+
+    if p.critic is not None:
+        from rlcore.critic import critic_update
+
+        p.critic, cm = critic_update(
+            p.critic, batch, cfg.algo, cfg.critic, mesh=p.mesh, horizon=cfg.rollout.max_tokens
+        )
+        metrics |= cm
+        if step <= cfg.critic.critic_warmup:  # only the critic learns during its warm-up
+            metrics |= am
+            return {k: float(v) for k, v in metrics.items()} | {
+                "timing/step_s": time.perf_counter() - started
+            }
+    p.state, um = update_step(
+        p.state, batch, cfg.algo, cfg.optim, mesh=p.mesh, horizon=cfg.rollout.max_tokens,
+        temperature=cfg.rollout.temperature,
+    )  # fmt: skip
+    sync_weights(p)
+    metrics |= am | um
+    metrics["timing/update_s"] = time.perf_counter() - update_started
+    if cfg.algo.kl_coef > 0 and cfg.algo.kl_ctrl == "adaptive":
+        observed = metrics["actor/reward_kl_penalty"]
+        p.kl_coef = float(adaptive_kl_coef(p.kl_coef, observed, len(batch), target=cfg.algo.kl_target,
+                                           horizon=cfg.algo.kl_horizon))  # fmt: skip
+    seconds = time.perf_counter() - started
+    tokens = batch["attention_mask"].sum() + batch["response_attention"].sum()
+    metrics["timing/step_s"] = torch.tensor(seconds)
+    metrics["throughput/tokens_per_s"] = tokens / seconds
+    return {k: float(v) for k, v in metrics.items()}
+
+
+def _logprob_gap(batch: Batch) -> dict[str, torch.Tensor]:
+    """rollout/logprob_diff_{mean,max}: |trainer - rollout| log-prob gap on response tokens."""
+    mask = batch["response_mask"]
+    diff = (batch["old_logprobs"] - batch["rollout_logprobs"]).abs()
+    return {
+        "rollout/logprob_diff_mean": masked_mean(diff, mask),
+        "rollout/logprob_diff_max": torch.where(mask > 0, diff, 0.0).max(),
+    }
+
+
+def _finish(p: Pieces) -> None:
+    from rlcore.trainer.models import save_final
+
+    save_final(p)
+    if p.dist.rank == 0:
+        records = read_metrics(p.out_dir / "metrics.jsonl")
+        plot_curves(records, p.out_dir / "curves.png", title=f"{p.cfg.preset}: {p.cfg.model.path}")

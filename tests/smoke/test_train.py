@@ -1,0 +1,149 @@
+"""Smoke tests: the real train.py in a subprocess, for a few steps on the built-in task."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from configs import PRESETS
+from rlcore.trainer.logger import read_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = [
+    "--data.batch-size", "4", "--rollout.n", "4", "--rollout.max-tokens", "8",
+    "--data.builtin-train-size", "64", "--data.builtin-val-size", "8", "--rollout.val-n", "2",
+    "--log.no-progress",
+]  # fmt: skip
+
+
+def train(*args: str, out: Path | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(ROOT / "train.py"), *args]
+    if out is not None:
+        cmd += ["--out-dir", str(out)]
+    env = os.environ | {"PYTHONUNBUFFERED": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_runs_two_steps(preset, tmp_path):
+    ok(train(preset, *SMALL, "--trainer.steps", "2", "--trainer.val-every", "2", out=tmp_path))
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2]  # validation at 0, then two steps
+    required = {"actor/pg_loss", "actor/grad_norm", "timing/step_s", "response/length_mean"}
+    if preset == "sft":
+        required |= {"sft/nll"}
+    else:
+        required |= {
+            "train/reward_mean",
+            "actor/ppo_kl",
+            "actor/pg_clipfrac",
+            "actor/entropy",
+            "timing/rollout_s",
+        }
+        required |= {"timing/update_s", "throughput/tokens_per_s", "rollout/logprob_diff_mean"}
+    missing = required - set(records[1])
+    assert not missing, missing
+    assert "val/reward_mean" in records[0] and "val/reward_mean" in records[2]
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["preset"] == preset
+    assert (tmp_path / "curves.png").stat().st_size > 1000
+    assert (tmp_path / "final" / "config.json").is_file()
+
+
+def test_six_steps_equal_three_plus_resume_plus_three(tmp_path):
+    common = [*SMALL, "--trainer.val-every", "0", "--trainer.save-every", "1"]
+    ok(train("grpo", *common, "--trainer.steps", "6", out=tmp_path / "straight"))
+    ok(train("grpo", *common, "--trainer.steps", "3", out=tmp_path / "resumed"))
+    ok(train("grpo", *common, "--trainer.steps", "6", "--resume", "auto", out=tmp_path / "resumed"))
+    straight = read_metrics(tmp_path / "straight" / "metrics.jsonl")
+    resumed = read_metrics(tmp_path / "resumed" / "metrics.jsonl")
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]
+    keys = ["train/reward_mean", "actor/pg_loss", "actor/grad_norm", "response/length_mean"]
+    for a, b in zip(straight, resumed, strict=True):
+        for key in keys:
+            assert a[key] == pytest.approx(b[key], abs=1e-6, rel=0), (a["step"], key)
+
+
+def test_final_directory_loads_with_transformers_and_generates(tmp_path):
+    ok(train("grpo", *SMALL, "--trainer.steps", "1", "--trainer.val-every", "0", out=tmp_path))
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "final")
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "reverse 123"}], add_generation_prompt=True, return_tensors="pt"
+    )
+    ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+    out = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    assert out.shape[1] > ids.shape[1]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["ppoo"], "unknown preset 'ppoo'"),
+        (["grpo", "--rollout.nn", "3"], "did you mean --rollout.n"),
+        (["grpo", "--rollout.n", "abc"], "--rollout.n"),
+        (
+            ["grpo", "--data.batch-size", "6", "--algo.mini-batch-size", "4"],
+            "--algo.mini-batch-size 4 does not divide",
+        ),
+        (["grpo", "--algo.adv-estimator", "nope"], "--algo.adv-estimator 'nope'"),
+        (
+            ["grpo", "--data.train-files", "/nonexistent/train.parquet"],
+            "/nonexistent/train.parquet: file not found",
+        ),
+        (["grpo", "--model.path", "/nonexistent/model"], "/nonexistent/model"),
+        (["grpo", "--reward.custom", "nofile.py:fn"], "--reward.custom"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_and_no_traceback(args, message, tmp_path):
+    proc = train(*args, out=tmp_path / "run")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len([line for line in proc.stderr.splitlines() if line.strip()]) == 1, proc.stderr
+
+
+def test_bad_data_row_exits_2_naming_file_row_and_field(tmp_path):
+    data = tmp_path / "bad.jsonl"
+    good = {"data_source": "builtin/reverse", "prompt": [{"role": "user", "content": "reverse 12"}],
+            "reward_model": {"ground_truth": "21"}}  # fmt: skip
+    data.write_text(
+        json.dumps(good) + "\n" + json.dumps({"data_source": "builtin/reverse", "prompt": 7}) + "\n"
+    )
+    proc = train("grpo", "--data.train-files", str(data), out=tmp_path / "run")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"{data} line 2" in proc.stderr and "prompt" in proc.stderr
+
+
+def test_a_run_killed_while_saving_resumes_from_the_previous_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    common = ["grpo", *SMALL, "--trainer.val-every", "0", "--trainer.save-every", "1", "--trainer.steps", "4"]
+    ok(train(*common[:-1], "2", out=out))  # two complete checkpoints
+    env = os.environ | {"RLCORE_TEST_PAUSE_IN_SAVE": "60"}  # each save stalls before its commit
+    cmd = [sys.executable, str(ROOT / "train.py"), *common, "--resume", "auto", "--out-dir", str(out)]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.time() + 120
+    while not list((out / "checkpoints").glob("*.tmp")) and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert list((out / "checkpoints").glob("*.tmp")), "the kill did not land inside a save"
+    ok(train(*common, "--resume", "auto", out=out))
+    steps = [r["step"] for r in read_metrics(out / "metrics.jsonl")]
+    assert steps[-2:] == [3, 4] and steps.count(3) >= 1
+    assert (out / "checkpoints" / "step_4").is_dir()
