@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ class Pieces:
     ref_model: Any
     logger: MetricsLogger
     kl_coef: float
+    last_finite: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def run(cfg: Config) -> int:
@@ -63,6 +65,9 @@ def run(cfg: Config) -> int:
         return 2
     try:
         loop(pieces)
+    except TrainingDiverged as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
     finally:
         pieces.scorer.close()
         pieces.logger.close()
@@ -300,6 +305,7 @@ def train_step(p: Pieces, step: int) -> dict[str, float]:
         p.state, batch, cfg.algo, cfg.optim, mesh=p.mesh, horizon=cfg.rollout.max_tokens,
         temperature=cfg.rollout.temperature,
     )  # fmt: skip
+    _check_bad_updates(p, step, um)
     sync_weights(p)
     metrics |= am | um
     metrics["timing/update_s"] = time.perf_counter() - update_started
@@ -312,6 +318,23 @@ def train_step(p: Pieces, step: int) -> dict[str, float]:
     metrics["timing/step_s"] = torch.tensor(seconds)
     metrics["throughput/tokens_per_s"] = tokens / seconds
     return {k: float(v) for k, v in metrics.items()}
+
+
+class TrainingDiverged(RuntimeError):
+    """Too many consecutive updates had a non-finite loss or gradient."""
+
+
+def _check_bad_updates(p: Pieces, step: int, update_metrics: dict[str, float]) -> None:
+    """Skipped updates are counted by update_step; K in a row abort with the last finite metrics."""
+    if p.state.bad_updates == 0:
+        p.last_finite = {k: v for k, v in update_metrics.items() if math.isfinite(v)}
+        return
+    if p.state.bad_updates > p.cfg.trainer.max_bad_updates:
+        last = ", ".join(f"{k}={v:.4g}" for k, v in sorted(p.last_finite.items())) or "none"
+        raise TrainingDiverged(
+            f"step {step}: {p.state.bad_updates} consecutive updates had a non-finite loss or gradient "
+            f"(--trainer.max-bad-updates {p.cfg.trainer.max_bad_updates}); last finite metrics: {last}"
+        )
 
 
 def _logprob_gap(batch: Batch) -> dict[str, torch.Tensor]:

@@ -1,0 +1,50 @@
+"""Pieces of the trainer shell tested without running it: divergence abort, seeds, group filtering."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from configs import PRESETS
+from rlcore.batch import Batch
+from rlcore.steps import filter_groups, group_ids
+from rlcore.trainer.run import TrainingDiverged, _check_bad_updates, step_seed
+
+
+def pieces(bad: int, limit: int = 2):
+    return SimpleNamespace(
+        state=SimpleNamespace(bad_updates=bad),
+        cfg=PRESETS["grpo"][1].__class__(trainer=PRESETS["grpo"][1].trainer.__class__(max_bad_updates=limit)),
+        last_finite={},
+    )
+
+
+def test_k_consecutive_bad_updates_abort_naming_the_step_and_the_last_finite_metrics():
+    p = pieces(0)
+    _check_bad_updates(p, 4, {"actor/pg_loss": 0.5, "actor/grad_norm": float("nan")})
+    assert p.last_finite == {"actor/pg_loss": 0.5}
+    p.state.bad_updates = 2
+    _check_bad_updates(p, 5, {"actor/pg_loss": float("nan")})  # 2 in a row: still allowed
+    p.state.bad_updates = 3
+    with pytest.raises(
+        TrainingDiverged, match=r"step 6: 3 consecutive .* last finite metrics: actor/pg_loss=0\.5"
+    ):
+        _check_bad_updates(p, 6, {"actor/pg_loss": float("nan")})
+
+
+def test_step_seeds_depend_on_seed_step_and_purpose_only():
+    assert step_seed(0, 3, "train0") == step_seed(0, 3, "train0")
+    assert len({step_seed(0, 3, "train0"), step_seed(1, 3, "train0"), step_seed(0, 4, "train0"),
+                step_seed(0, 3, "val")}) == 4  # fmt: skip
+
+
+def test_filter_groups_keeps_groups_with_a_signal():
+    scores = torch.zeros(6, 2)
+    scores[:, 1] = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.5, 0.5])  # groups a (varied), b (all 1), c (all 0.5)
+    batch = Batch.from_dict({"token_scores": scores, "uid": ["a", "a", "b", "b", "c", "c"]})
+    kept, n_kept, n_seen = filter_groups(batch)
+    assert (n_kept, n_seen) == (1, 3)
+    assert kept["uid"] == ["a", "a"]
+    assert group_ids(batch).tolist() == [0, 0, 1, 1, 2, 2]
