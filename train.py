@@ -13,7 +13,12 @@ for a seed: sampling seeds derive from (seed, step), so `--resume auto` continue
 
 from __future__ import annotations
 
+import os
 import sys
+
+# OpenMP threads that spin while waiting stall for seconds whenever another process shares the cores
+# (measured: 4 steps took 93 s with one competing busy process, 13 s with passive waiting).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def main(argv: list[str] | None = None) -> int:
