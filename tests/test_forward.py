@@ -21,14 +21,7 @@ from rlcore.models.forward import (
 from rlcore.pure.losses import entropy
 from tests.dist.rollouts import fake_rollout
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One torch thread: on a shared 2-core machine, 2 OpenMP threads stall badly in backward."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -29,13 +29,7 @@ HORIZON = 12
 OPTIM = OptimConfig(lr=1e-2, eps=1e-3, grad_clip=0.0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One torch thread: on a shared 2-core machine, 2 OpenMP threads stall badly in backward."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -33,13 +33,7 @@ ALGO = AlgoConfig(micro_batch_size=2)
 OPTIM = OptimConfig(lr=1e-2, warmup_steps=3)  # the scheduler state matters after the reload
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One torch thread: on a shared 2-core machine, 2 OpenMP threads stall badly in backward."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
