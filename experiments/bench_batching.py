@@ -27,7 +27,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -43,24 +42,8 @@ from rlcore.models import load_policy
 from rlcore.models.forward import compute_logprobs, micro_batches, response_logits, sequence_tensors
 from rlcore.pure.logprobs import token_logprobs
 
-
-def median_time(fn, repeats: int, warmup: int = 1) -> float:
-    """Median wall time of `fn()` in seconds."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
-    """fp32 matmul throughput, GFLOP/s, on an n^3 product (2 n^3 FLOPs)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    return 2 * n**3 / median_time(lambda: a @ b, repeats) / 1e9
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import matmul_gflops, median_time
 
 # ---------------------------------------------------------------- data
 

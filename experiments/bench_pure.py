@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,23 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from rlcore.pure.advantages import grpo, rloo
 from rlcore.pure.logprobs import token_logprobs
 
-
-def median_time(fn, repeats: int, warmup: int = 1) -> float:
-    """Median wall time of `fn()` in seconds."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
-    """fp32 matmul throughput, GFLOP/s, on an n^3 product (2 n^3 FLOPs)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    return 2 * n**3 / median_time(lambda: a @ b, repeats) / 1e9
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import matmul_gflops, median_time
 
 
 def copy_gbps(n_bytes: int = 256 * 2**20, repeats: int = 5) -> float:

@@ -1,0 +1,26 @@
+"""Shared measuring helpers of the benchmarks: median wall time and the machine's matmul peak."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+
+def median_time(fn, repeats: int, warmup: int = 1) -> float:
+    """Median wall time of `fn()` in seconds."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
+    """fp32 matmul throughput, GFLOP/s, on an n^3 product (2 n^3 FLOPs)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    return 2 * n**3 / median_time(lambda: a @ b, repeats) / 1e9
