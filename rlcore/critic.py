@@ -35,6 +35,7 @@ class ValueModel(nn.Module):
 
     def __init__(self, backbone: nn.Module, hidden_size: int) -> None:
         super().__init__()
+        self._no_split_modules = getattr(backbone, "_no_split_modules", None)  # FSDP2 wraps these layers
         self.backbone = backbone
         self.value_head = nn.Linear(hidden_size, 1)
         nn.init.zeros_(self.value_head.weight)
@@ -44,7 +45,7 @@ class ValueModel(nn.Module):
         """V at every position: (m, s) float32."""
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
         hidden = out.last_hidden_state  # (m, s, h)
-        return self.value_head(hidden).squeeze(-1).float()  # (m, s)
+        return self.value_head(hidden).float().squeeze(-1).clone()  # (m, s); a fresh tensor, not a view
 
 
 def build_critic(path: str, *, dtype: torch.dtype = torch.float32, seed: int = 0) -> ValueModel:
@@ -111,6 +112,7 @@ def _one_critic_update(
         loss, metrics = _micro_value_loss(critic, micro, algo_cfg, critic_cfg, norms)
         loss.backward()
         sums = {k: sums.get(k, 0) + v for k, v in metrics.items()}
+    sums = {k: all_reduce(v, mesh) for k, v in sums.items()}  # each rank holds its share of the total
     grad_norm = _grad_norm(critic, critic_cfg.grad_clip)
     if bool(torch.isfinite(grad_norm)):
         optimizer.step()

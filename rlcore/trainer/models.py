@@ -107,7 +107,7 @@ def build_critic_state(cfg: Config, dist: Any, mesh: Any) -> Any:
     if mesh is not None:
         from rlcore.dist.fsdp import apply_fsdp
 
-        apply_fsdp(critic.backbone, mesh)
+        apply_fsdp(critic, mesh)  # each decoder layer, then the root (value head included)
     optim_cfg = dataclasses.replace(cfg.optim, lr=cfg.critic.lr, warmup_steps=cfg.critic.warmup_steps)
     optimizer = build_optimizer(critic, optim_cfg)
     per_step = cfg.algo.ppo_epochs * (

@@ -138,3 +138,20 @@ def checkpoint_and_stream(rank: int, directory: Path, algo: AlgoConfig, optim: O
             },
             directory / "checkpoint.pt",
         )
+
+
+def critic_update_worker(rank: int, directory: Path, batch: Batch) -> None:
+    """One critic update on this rank's rows of `batch` (whole prompt groups), FSDP2 over 2 ranks."""
+    from configs import CriticConfig
+    from rlcore.critic import build_critic, critic_update
+
+    info = init_distributed("cpu")
+    mesh = build_mesh(info)
+    critic = apply_fsdp(build_critic("builtin:tiny", seed=0), mesh)
+    state = new_state(critic, OptimConfig(lr=1e-3, eps=1e-3))
+    mine = rank_rows(batch, n=2, prompts_per_update=len(batch) // 2, rank=rank, world=WORLD)
+    algo = AlgoConfig(micro_batch_size=3)
+    state, metrics = critic_update(state, mine, algo, CriticConfig(value_clip=0.2), mesh=mesh, horizon=6)
+    weights = gathered_state(critic)
+    if rank == 0:
+        torch.save({"metrics": metrics, "weights": weights}, directory / "critic.pt")
