@@ -217,7 +217,7 @@ def collect(p: Pieces, step: int) -> tuple[Batch, dict[str, torch.Tensor]]:
     rounds = cfg.algo.max_sampling_rounds if cfg.algo.dynamic_sampling else 1
     groups_seen = groups_kept = 0
     for round_ in range(rounds):
-        prompts = p.train_ds.next_batch(wanted)
+        prompts = _this_rank(p, p.train_ds.next_batch(wanted))
         batch, m = rollout_step(p.engine, prompts, _sampling(cfg, step, round_))
         batch, rm = score_step(p.scorer, batch, tokenizer=p.tokenizer, overlong=_overlong(cfg))
         if cfg.algo.adv_estimator == "remax":
@@ -230,13 +230,19 @@ def collect(p: Pieces, step: int) -> tuple[Batch, dict[str, torch.Tensor]]:
         batch, n_kept, n_seen = filter_groups(batch)
         groups_seen, groups_kept = groups_seen + n_seen, groups_kept + n_kept
         kept.append(batch)
-        if groups_kept >= wanted:
+        if groups_kept >= wanted // p.dist.world_size:  # this rank's share of the prompts
             break
     batch = Batch.concat(kept) if len(kept) > 1 else kept[0]
-    batch = batch[: min(len(batch), wanted * cfg.rollout.n)]
+    batch = batch[: min(len(batch), wanted // p.dist.world_size * cfg.rollout.n)]
     metrics["train/groups_drawn"] = torch.tensor(float(groups_seen))
     metrics["train/groups_kept_frac"] = torch.tensor(groups_kept / max(groups_seen, 1))
     return batch, metrics
+
+
+def _this_rank(p: Pieces, prompts: Batch) -> Batch:
+    """SPMD data parallelism: every rank draws the same global batch and keeps its own slice of prompts."""
+    per = len(prompts) // p.dist.world_size
+    return prompts[p.dist.rank * per : (p.dist.rank + 1) * per]
 
 
 def _greedy_baseline(p: Pieces, prompts: Batch, step: int) -> torch.Tensor:
@@ -254,7 +260,7 @@ def sft_step(p: Pieces, step: int) -> dict[str, float]:
     from rlcore.update import update_step
 
     cfg, started = p.cfg, time.perf_counter()
-    batch = sft_batch(p.train_ds.next_batch(cfg.data.batch_size), p.tokenizer)
+    batch = sft_batch(_this_rank(p, p.train_ds.next_batch(cfg.data.batch_size)), p.tokenizer)
     p.state, metrics = update_step(
         p.state, batch, cfg.algo, cfg.optim, mesh=p.mesh, horizon=cfg.rollout.max_tokens
     )
