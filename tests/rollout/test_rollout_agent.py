@@ -342,12 +342,13 @@ def test_calc_reward_checks_the_data_source():
         agent_tasks.compute_score("builtin/add", "1", "1")
 
 
-def test_python_tool_in_the_real_sandbox():
+def test_python_tool_in_the_real_sandbox(monkeypatch):
     """Last: the sandbox is another helper's work and needs bubblewrap."""
     from rlcore.rewards import sandbox
 
     if not sandbox.sandbox_available():
         pytest.skip(f"sandbox unavailable: {sandbox.unavailable_reason()}")
+    monkeypatch.setattr(tools_module, "PYTHON_TIMEOUT_S", 30.0)  # slack for a loaded machine
     assert observe("<tool>python: print(sum(range(10)))</tool>", TOOLS) == ("<result>45</result>", False)
     observation, error = observe("<tool>python: raise ValueError('no')</tool>", TOOLS)
     assert observation == "<result>error: ValueError: no</result>" and error
