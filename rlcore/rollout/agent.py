@@ -2,9 +2,10 @@
 
     rollouts = run_agent(engine, prompts, SamplingParams(n=8, max_tokens=96), tokenizer)
 
-Each prompt row is repeated `sampling.n` times (same `uid`). Then, turn by turn, every unfinished
-sample's context (prompt + its response so far, as token ids) is sent to `engine.generate` with n = 1,
-the tool-call end `</tool>` added to the stop strings and `max_tokens` = the largest remaining budget:
+Each prompt row is repeated `sampling.n` times (same `uid`). The first turn samples the n responses of
+each prompt in one `engine.generate(prompts, n)` call; then, turn by turn, every unfinished sample's
+context (prompt + its response so far, as token ids) is sent to `engine.generate` with n = 1. Every
+call adds the tool-call end `</tool>` to the stop strings and asks for the largest remaining budget:
 
 - the turn's sampled token ids are appended as they are (never decoded and re-encoded), with
   `response_mask = 1` and their `rollout_logprobs`;
@@ -128,7 +129,12 @@ def run_agent(
         active = [t for t in trajectories if t.finish is None]
         if not active:
             break
-        out = engine.generate(_context_batch(active, pad), _turn_sampling(sampling, env, active, turn))
+        sp = _turn_sampling(sampling, env, active, turn)
+        if turn == 0:  # the n samples of a prompt share their context: the engine prefills it once
+            contexts = _context_batch(active[:: sampling.n], pad)
+            out = engine.generate(contexts, dataclasses.replace(sp, n=sampling.n))
+        else:
+            out = engine.generate(_context_batch(active, pad), sp)
         for j, traj in enumerate(active):
             _take_turn(traj, out, j, env, last=turn == max_turns - 1)
     return _assemble(rows, trajectories, pad)

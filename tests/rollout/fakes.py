@@ -1,35 +1,18 @@
 """Fake causal LMs for the rollout tests, shaped like a Hugging Face model as the native engine uses it.
 
-Both keep the token ids they have seen in the engine's own KV cache (as the "keys" of layer 0), so
-the engine's cache handling (preallocation, dropping finished rows) is exercised for real and the
-model always knows each row's full context.
+The fixed-logits and scripted models keep the token ids they have seen in the engine's own KV cache
+(as the "keys" of layer 0), so the engine's cache handling (preallocation, dropping finished rows) is
+exercised for real and the model always knows each row's full context. `BiasedLM` wraps a real model.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 
 import torch
 from torch import Tensor, nn
-
-
-@contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """Run torch on one thread, then restore the setting (tests only, never library code).
-
-    The tiny models' ops take microseconds; on a shared 2-core machine under load, each OpenMP
-    barrier of a 2-thread op can wait a whole scheduler slice for a descheduled thread, and a 50 ms
-    test took 10 s.
-    """
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
 
 
 def _context_ids(cache, input_ids: Tensor, attention_mask: Tensor) -> list[list[int]]:

@@ -14,15 +14,12 @@ from rlcore.rollout import NativeEngine, SamplingParams, ToolFormat, run_agent
 from rlcore.rollout import tools as tools_module
 from rlcore.rollout.agent import observe, parse_tool_call
 from rlcore.rollout.tools import TOOLS, ToolError, calculator, python_tool
-from tests.rollout.fakes import BiasedLM, ScriptedLMCache, one_thread, turn_script
+from tests.rollout.fakes import BiasedLM, ScriptedLMCache, turn_script
 
 EOS = 2
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny ops, shared cores
 
 
 @pytest.fixture(scope="module")

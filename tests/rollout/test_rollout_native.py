@@ -13,15 +13,12 @@ from rlcore.models import load_policy
 from rlcore.pure.logprobs import token_logprobs
 from rlcore.rollout import NativeEngine, RolloutEngine, SamplingParams
 from rlcore.rollout.sampling import processed_logprobs
-from tests.rollout.fakes import FixedLogitsLM, ScriptedLMCache, ScriptedLMLegacy, one_thread
+from tests.rollout.fakes import FixedLogitsLM, ScriptedLMCache, ScriptedLMLegacy
 
 PAD, EOS = 0, 2
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny ops, shared cores
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +125,8 @@ STOPPERS = tuple(range(40, 70))  # frequent enough that sampled rows stop at dif
 
 
 @pytest.mark.parametrize(
-    "kw", [{"compact_fraction": 1.0}, {"kv_cache": "dynamic"}, {"compact_fraction": 0.5}]
+    "kw",
+    [{"compact_fraction": 1.0}, {"kv_cache": "dynamic"}, {"kv_cache": "static"}, {"compact_fraction": 0.5}],
 )
 def test_dropping_rows_and_cache_kinds_do_not_change_greedy_output(reverse, kw):
     model, tokenizer, batch = reverse
@@ -214,18 +212,21 @@ def test_finished_rows_stop_costing_compute(tiny):
     model = ScriptedLMCache(script, len(tokenizer))
     batch = chat_prompts(tokenizer, ["1", "3", "5", "5"])
     out = NativeEngine(model, tokenizer, compact_fraction=0.0).generate(
-        batch, SamplingParams(max_tokens=20, temperature=0.0)
+        batch, SamplingParams(n=2, max_tokens=20, temperature=0.0)
     )
-    assert out["response_mask"].sum(-1).tolist() == [2, 4, 6, 6]  # k characters + EOS
-    # prefill, then one decode call per step with only the rows still live (EOS after 2, 4, 6 tokens)
-    assert model.calls == [4, 4, 3, 3, 2, 2]
+    assert out["response_mask"].sum(-1).tolist() == [2, 2, 4, 4, 6, 6, 6, 6]  # k characters + EOS
+    # one prefill of the 4 distinct prompts, then one decode call per step with only the live rows
+    # (EOS after 2, 4, 6 tokens)
+    assert model.calls == [4, 8, 6, 6, 4, 4]
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_rollout_logprobs_equal_teacher_forced(tiny, prompts, temperature):
+@pytest.mark.parametrize(
+    "temperature, kv_cache", [(1.0, "auto"), (0.7, "auto"), (1.0, "dynamic"), (0.7, "static")]
+)
+def test_rollout_logprobs_equal_teacher_forced(tiny, prompts, temperature, kv_cache):
     model, tokenizer = tiny
     sp = SamplingParams(n=4, max_tokens=24, temperature=temperature, seed=11, stop_token_ids=STOPPERS[:5])
-    out = NativeEngine(model, tokenizer).generate(prompts, sp)
+    out = NativeEngine(model, tokenizer, kv_cache=kv_cache).generate(prompts, sp)
     recomputed = token_logprobs(*_logits_and_labels(model, out), temperature=temperature)
     mask = out["response_mask"].bool()
     diff = (recomputed - out["rollout_logprobs"]).abs()[mask]

@@ -9,27 +9,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlcore.rollout.sampling import check_sampling, processed_logprobs, sample_tokens
-from tests.rollout.fakes import one_thread
 
 INF = float("inf")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny ops, shared cores
 
 
 def logq(logits, **kw):
     return processed_logprobs(torch.tensor([logits], dtype=torch.float64), **kw)[0].double()
 
 
-def assert_close(actual, expected, atol=1e-6):
+def assert_close(actual, expected, atol=1e-6, rtol=0.0):
     expected = torch.tensor(expected, dtype=torch.float64)
     finite = torch.isfinite(expected)
     assert torch.equal(torch.isfinite(actual), finite), (actual, expected)
     assert torch.all(actual[~finite] == -INF)
-    torch.testing.assert_close(actual[finite], expected[finite], atol=atol, rtol=0)
+    torch.testing.assert_close(actual[finite], expected[finite], atol=atol, rtol=rtol)
 
 
 X = [2.0, 1.0, 0.0, -1.0]
@@ -115,7 +111,8 @@ def test_matches_loop_reference(seed, temperature, top_k, top_p, min_p):
     kw = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p}
     actual = processed_logprobs(logits, **kw).double()
     for i in range(logits.shape[0]):
-        assert_close(actual[i], reference_logq(logits[i].tolist(), **kw), atol=2e-6)
+        # float32 arithmetic: log-probs near -20 (temperature 0.5) carry ~1e-7 relative rounding
+        assert_close(actual[i], reference_logq(logits[i].tolist(), **kw), atol=1e-6, rtol=1e-6)
 
 
 def test_greedy_is_argmax_with_logprob_zero():
