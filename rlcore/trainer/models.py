@@ -60,16 +60,10 @@ def build_state(cfg: Config, model: Any, dist: Any) -> Any:
 
 
 def build_engine(cfg: Config, model: Any, tokenizer: Any, dist: Any) -> Any:
-    """The rollout engine: the native sampler shares the policy module; vLLM gets its own copy."""
-    if cfg.rollout.engine == "native":
-        from rlcore.rollout.native import NativeEngine
+    """The rollout engine: the native sampler, sharing the policy module (validate() refuses vllm for now)."""
+    from rlcore.rollout.native import NativeEngine
 
-        return NativeEngine(model, tokenizer, device=dist.device, generator_seed=cfg.trainer.seed)
-    from rlcore.rollout.vllm_engine import VLLMEngine
-
-    return VLLMEngine.from_model(
-        model, tokenizer, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, seed=cfg.trainer.seed
-    )
+    return NativeEngine(model, tokenizer, device=dist.device, generator_seed=cfg.trainer.seed)
 
 
 def sync_weights(p: Any) -> None:

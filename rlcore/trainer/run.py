@@ -21,11 +21,11 @@ from rlcore.data.dataset import PromptDataset
 from rlcore.data.rows import DataError
 from rlcore.data.sources import read_sources
 from rlcore.pure.kl import adaptive_kl_coef
-from rlcore.pure.masks import masked_mean
 from rlcore.rewards.custom import RewardSpecError
 from rlcore.rewards.pool import RewardScorer
 from rlcore.rewards.step import OverlongPenalty
 from rlcore.rollout.base import SamplingParams
+from rlcore.rollout.vllm_engine import logprob_gap  # vllm itself is imported lazily
 from rlcore.steps import advantage_step, filter_groups, logprob_step, rollout_step, score_step
 from rlcore.trainer import checkpoints
 from rlcore.trainer.logger import MetricsLogger, read_metrics
@@ -283,7 +283,7 @@ def train_step(p: Pieces, step: int) -> dict[str, float]:
     batch = logprob_step(model, batch, key="old_logprobs", **forward)
     if p.ref_model is not None:
         batch = logprob_step(p.ref_model, batch, key="ref_logprobs", **forward)
-    metrics |= _logprob_gap(batch)
+    metrics |= logprob_gap(batch, batch["old_logprobs"])  # rollout vs trainer log-probs
     if p.critic is not None:
         from rlcore.critic import compute_values
 
@@ -341,16 +341,6 @@ def _check_bad_updates(p: Pieces, step: int, update_metrics: dict[str, float]) -
             f"step {step}: {p.state.bad_updates} consecutive updates had a non-finite loss or gradient "
             f"(--trainer.max-bad-updates {p.cfg.trainer.max_bad_updates}); last finite metrics: {last}"
         )
-
-
-def _logprob_gap(batch: Batch) -> dict[str, torch.Tensor]:
-    """rollout/logprob_diff_{mean,max}: |trainer - rollout| log-prob gap on response tokens."""
-    mask = batch["response_mask"]
-    diff = (batch["old_logprobs"] - batch["rollout_logprobs"]).abs()
-    return {
-        "rollout/logprob_diff_mean": masked_mean(diff, mask),
-        "rollout/logprob_diff_max": torch.where(mask > 0, diff, 0.0).max(),
-    }
 
 
 def _finish(p: Pieces) -> None:
