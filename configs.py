@@ -67,6 +67,10 @@ class RolloutConfig:
     """Samples per validation prompt for pass@k (k = val_n); greedy validation is always run too."""
     gpu_memory_utilization: float = 0.5
     """vLLM only: share of GPU memory its KV cache may take."""
+    max_turns: int = 1
+    """1: single-turn. > 1: the multi-turn agent loop (rlcore.rollout.agent) with the built-in tools
+    (calculator, python); tool results are in the response but not trained on. max-tokens bounds the
+    whole response, observations included."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -296,6 +300,7 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
     _need(r.max_tokens >= 1, f"--rollout.max-tokens {r.max_tokens}: must be >= 1")
     _need(r.temperature >= 0, f"--rollout.temperature {r.temperature}: must be >= 0")
     _need(0 < r.top_p <= 1, f"--rollout.top-p {r.top_p}: must be in (0, 1]")
+    _need(r.max_turns >= 1, f"--rollout.max-turns {r.max_turns}: must be >= 1 (1 is single-turn)")
     _need(
         a.adv_estimator in ESTIMATORS,
         f"--algo.adv-estimator {a.adv_estimator!r}: choose one of {sorted(ESTIMATORS)}",
@@ -328,11 +333,6 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
     for flag, value in (("--trainer.val-every", t.val_every), ("--trainer.save-every", t.save_every)):
         _need(value >= 0, f"{flag} {value}: must be >= 0 (0 turns it off)")
     _need(t.keep_last >= 1, f"--trainer.keep-last {t.keep_last}: must be >= 1")
-    _need(
-        r.engine == "native",
-        "--rollout.engine vllm: the VLLMEngine exists (rlcore.rollout.vllm_engine) but train.py does not "
-        "drive it yet; use --rollout.engine native",
-    )
     if cfg.reward.custom is not None:
         path = cfg.reward.custom.rsplit(":", 1)[0]
         _need(

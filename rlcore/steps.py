@@ -59,6 +59,13 @@ def rollout_step(
         "response/clip_ratio": truncated.mean(),
         "timing/rollout_s": torch.tensor(seconds),
     }
+    for key, name in (
+        ("num_turns", "turns"),
+        ("num_tool_calls", "tool_calls"),
+        ("num_tool_errors", "tool_errors"),
+    ):
+        if key in batch:  # the multi-turn agent loop's counters
+            metrics[f"agent/{name}_mean"] = batch[key].float().mean()
     return batch, metrics
 
 

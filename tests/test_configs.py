@@ -46,7 +46,6 @@ def test_every_preset_is_valid(name):
         (with_(BASE, data=DataConfig(train_files=("missing.parquet",))), 1, "--data.train-files missing.parquet: file not found"),
         (with_(BASE, data=DataConfig(val_files=("builtin:nope",))), 1, "--data.val-files builtin:nope: unknown built-in task"),
         (with_(BASE, resume="/no/such/dir"), 1, "--resume '/no/such/dir'"),
-        (with_(BASE, rollout=RolloutConfig(engine="vllm")), 1, "--rollout.engine vllm: the VLLMEngine exists"),
     ],
 )  # fmt: skip
 def test_bad_values_name_flag_value_and_fix(cfg, world_size, message):

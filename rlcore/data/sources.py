@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from rlcore.data import agent_tasks, tasks
 from rlcore.data.rows import DataError, Row, read_rows, row_from_dict
-from rlcore.data.tasks import TASKS, generate_rows
 
 BUILTIN = "builtin:"
+GENERATORS: dict[str, Callable[..., list[dict]]] = {
+    **{name: functools.partial(tasks.generate_rows, name) for name in tasks.TASKS},
+    agent_tasks.NAME: agent_tasks.generate_rows,  # multi-turn: train it with --rollout.max-turns > 1
+}
+"""Built-in tasks by name: `generator(split, n, seed=...)` -> verl-format rows."""
 
 
 def read_sources(sources: Sequence[str], *, split: str, builtin_size: int, seed: int) -> list[Row]:
@@ -19,9 +25,9 @@ def read_sources(sources: Sequence[str], *, split: str, builtin_size: int, seed:
     for source in sources:
         if source.startswith(BUILTIN):
             task = source.removeprefix(BUILTIN)
-            if task not in TASKS:
-                raise DataError(f"{source}: unknown built-in task; choose one of {sorted(TASKS)}")
-            generated = generate_rows(task, split, builtin_size, seed=seed)
+            if task not in GENERATORS:
+                raise DataError(f"{source}: unknown built-in task; choose one of {sorted(GENERATORS)}")
+            generated = GENERATORS[task](split, builtin_size, seed=seed)
             rows += [row_from_dict(r, f"{source} row {i}") for i, r in enumerate(generated)]
         else:
             rows += read_rows(source)
@@ -32,8 +38,8 @@ def check_sources_exist(sources: Sequence[str], flag: str) -> str | None:
     """A one-line problem with `sources` (a missing file, an unknown task), or None. No file is read."""
     for source in sources:
         if source.startswith(BUILTIN):
-            if source.removeprefix(BUILTIN) not in TASKS:
-                return f"{flag} {source}: unknown built-in task; choose one of {sorted(TASKS)}"
+            if source.removeprefix(BUILTIN) not in GENERATORS:
+                return f"{flag} {source}: unknown built-in task; choose one of {sorted(GENERATORS)}"
         elif not Path(source).is_file():
             return f"{flag} {source}: file not found; give parquet/jsonl files or builtin:<task>"
     return None

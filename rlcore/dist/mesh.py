@@ -57,6 +57,9 @@ class DistInfo:
         return self.rank == 0
 
 
+_CREATED: list = []  # the process group init_distributed created (at most one)
+
+
 def _resolve_device(device: str, local_rank: int) -> torch.device:
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
@@ -94,6 +97,7 @@ def init_distributed(device: str = "auto") -> DistInfo:
             dist.init_process_group("nccl", device_id=resolved)
         else:
             dist.init_process_group("gloo")
+        _CREATED.append(dist.group.WORLD)
     return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=resolved)
 
 
@@ -120,6 +124,10 @@ def build_mesh(info: DistInfo, *, replicate: int = 1) -> DeviceMesh | None:
 
 
 def close_distributed() -> None:
-    """Destroy the process group if one exists (call once at the end of the run)."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    """Destroy the process group `init_distributed` created, if any (call once at the end of the run).
+
+    A group someone else made (a test's, or the one vLLM makes for itself in a single process) is left
+    to its owner.
+    """
+    if _CREATED and dist.is_initialized():
+        dist.destroy_process_group(_CREATED.pop())

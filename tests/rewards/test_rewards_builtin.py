@@ -158,6 +158,11 @@ def _examples() -> dict[str, tuple[str, str, object]]:
         truth = generate_rows(name, "val", 1, seed=0)[0]["reward_model"]["ground_truth"]
         right = truth.split("|", 1)[1] if name == "countdown" else truth
         out[f"builtin/{name}"] = (right, "", truth)
+    out["builtin/calc"] = (
+        "<tool>calculator: 12*3</tool><result>36</result>36",
+        "<tool>calculator: 12*3</tool>",
+        "36",
+    )
     return out
 
 
@@ -175,7 +180,15 @@ def test_every_entry_takes_verl_keywords_and_scores_right_above_wrong(source):
 
 
 def test_table_covers_verl_names_and_every_builtin_task():
-    expected = {"openai/gsm8k", "countdown", *MATH_SOURCES, *CODE_SOURCES, *(f"builtin/{t}" for t in TASKS)}
+    from rlcore.data.sources import GENERATORS
+
+    expected = {
+        "openai/gsm8k",
+        "countdown",
+        *MATH_SOURCES,
+        *CODE_SOURCES,
+        *(f"builtin/{t}" for t in GENERATORS),
+    }
     assert set(REWARD_FNS) == expected
 
 

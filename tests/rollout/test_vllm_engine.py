@@ -350,3 +350,44 @@ def test_sleep_wake(engine, prompts: Batch) -> None:
     finally:
         engine.wake()
     assert len(engine.generate(prompts, SamplingParams(max_tokens=2))) == len(prompts)
+
+
+# -- train.py on the vLLM engine ------------------------------------------------------------------
+
+TRAIN_ARGS = [
+    "--rollout.engine", "vllm", "--model.path", "builtin:small", "--trainer.steps", "3",
+    "--data.batch-size", "4", "--rollout.n", "4", "--rollout.max-tokens", "8", "--trainer.val-every", "3",
+    "--data.builtin-val-size", "4", "--rollout.val-n", "2", "--log.no-progress", "--optim.lr", "1e-2",
+]  # fmt: skip
+
+
+def test_cpu_head_dims_are_vllms() -> None:
+    pytest.importorskip("vllm", reason=SKIP_REASON)
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    from rlcore.rollout.vllm_engine import CPU_HEAD_DIMS
+
+    assert list(CPU_HEAD_DIMS) == list(CPUAttentionBackend.get_supported_head_sizes())
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_train_py_rolls_out_on_vllm_with_weights_synced_every_step(ranks: int, tmp_path) -> None:
+    """The trainer drives vLLM (1 process, and 2 torchrun ranks with one engine each): after each update
+    the weights are pushed, so vLLM's log-probs stay the trainer's (without the push: ~0.1 off)."""
+    pytest.importorskip("vllm", reason=SKIP_REASON)
+    from tests.smoke.test_torchrun import ROOT, torchrun
+
+    if ranks == 1:
+        cmd = [sys.executable, "train.py", *TRAIN_ARGS, "--out-dir", str(tmp_path)]
+        env = os.environ | {"TRANSFORMERS_VERBOSITY": "error"}
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400, env=env)
+    else:
+        proc = torchrun(*TRAIN_ARGS, "--out-dir", str(tmp_path), timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    from rlcore.trainer.logger import read_metrics
+
+    records = read_metrics(tmp_path / "metrics.jsonl")  # step 0: validation before training
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    assert all(r["rollout/logprob_diff_max"] < 1e-3 for r in records[1:]), records
+    assert records[-1]["actor/grad_norm"] > 0 and "val/reward_mean" in records[-1]

