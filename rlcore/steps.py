@@ -30,6 +30,7 @@ from rlcore.rollout.base import RolloutEngine, SamplingParams
 __all__ = [
     "ESTIMATOR_INPUTS",
     "advantage_step",
+    "concat_rollouts",
     "filter_groups",
     "group_ids",
     "logprob_step",
@@ -120,6 +121,33 @@ def advantage_step(
     }
     batch = batch.with_(token_rewards=rewards, advantages=advantages, returns=returns, overwrite=True)
     return batch, metrics
+
+
+PROMPT_FIELDS = ("input_ids", "attention_mask", "position_ids")
+"""The left-padded (b, p) prompt tensors; every other 2-D tensor as wide as `responses` is right-padded."""
+
+
+def concat_rollouts(batches: list[Batch], pad_token_id: int) -> Batch:
+    """Rolled-out batches of different prompt and response widths as one: prompts left-padded, responses
+    right-padded to the widest (pad id in `input_ids` / `responses`, 0 elsewhere), then concatenated."""
+    p = max(b["input_ids"].shape[1] for b in batches)
+    t = max(b["responses"].shape[1] for b in batches)
+    return Batch.concat([_pad_rollout(b, p, t, pad_token_id) for b in batches])
+
+
+def _pad_rollout(batch: Batch, p: int, t: int, pad_token_id: int) -> Batch:
+    width = batch["responses"].shape[1]
+    padded = {}
+    for key in batch.keys():  # noqa: SIM118  (iterating a Batch would go over rows)
+        x = batch[key]
+        if not isinstance(x, Tensor) or x.dim() != 2:
+            continue
+        value = pad_token_id if key in ("input_ids", "responses") else 0
+        if key in PROMPT_FIELDS and x.shape[1] < p:
+            padded[key] = torch.nn.functional.pad(x, (p - x.shape[1], 0), value=value)
+        elif key not in PROMPT_FIELDS and x.shape[1] == width and width < t:
+            padded[key] = torch.nn.functional.pad(x, (0, t - width), value=value)
+    return batch.with_(**padded, overwrite=True) if padded else batch
 
 
 def filter_groups(batch: Batch, key: str = "token_scores") -> tuple[Batch, int, int]:

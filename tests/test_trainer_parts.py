@@ -48,3 +48,29 @@ def test_filter_groups_keeps_groups_with_a_signal():
     assert (n_kept, n_seen) == (1, 3)
     assert kept["uid"] == ["a", "a"]
     assert group_ids(batch).tolist() == [0, 0, 1, 1, 2, 2]
+
+
+def test_rollouts_of_different_widths_concatenate_with_prompts_left_and_responses_right_padded():
+    """Dynamic sampling's rounds have their own widths; the log-probs of the joined batch are each round's."""
+    from rlcore.models import load_policy
+    from rlcore.models.forward import compute_logprobs
+    from rlcore.steps import concat_rollouts
+    from tests.dist.rollouts import fake_rollout
+
+    a = fake_rollout(2, 2, max_prompt=5, max_response=3, seed=1)
+    b = fake_rollout(1, 2, max_prompt=3, max_response=6, seed=2)
+    ab = concat_rollouts([a, b], pad_token_id=0)
+    p, t = 5, max(a["responses"].shape[1], b["responses"].shape[1])
+    assert ab["input_ids"].shape == (6, p) and ab["responses"].shape == (6, t)
+    pb, tb = b["input_ids"].shape[1], b["responses"].shape[1]
+    assert torch.equal(ab["attention_mask"][4:, p - pb :], b["attention_mask"])  # left-padded
+    assert ab["attention_mask"][4:, : p - pb].sum() == 0
+    assert torch.equal(ab["response_mask"][4:, :tb], b["response_mask"])  # right-padded
+    assert torch.equal(ab["advantages"][:4, : a["responses"].shape[1]], a["advantages"])
+    assert ab["uid"] == a["uid"] + b["uid"]
+    model, _ = load_policy("builtin:tiny")
+    joined, _ = compute_logprobs(model, ab)
+    for rows, part in ((slice(0, 4), a), (slice(4, 6), b)):
+        alone, _ = compute_logprobs(model, part)
+        w = part["responses"].shape[1]
+        torch.testing.assert_close(joined[rows, :w] * part["response_mask"], alone * part["response_mask"])

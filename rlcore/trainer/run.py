@@ -18,6 +18,7 @@ import torch
 from configs import Config, ConfigError, validate
 from rlcore.batch import Batch
 from rlcore.data.dataset import PromptDataset
+from rlcore.data.prompts import pad_token_id
 from rlcore.data.rows import DataError
 from rlcore.data.sources import read_sources
 from rlcore.dist.mesh import close_distributed
@@ -27,8 +28,15 @@ from rlcore.rewards.pool import RewardScorer
 from rlcore.rewards.step import OverlongPenalty
 from rlcore.rollout.base import SamplingParams
 from rlcore.rollout.vllm_engine import logprob_gap  # vllm itself is imported lazily
-from rlcore.steps import advantage_step, filter_groups, logprob_step, rollout_step, score_step
-from rlcore.trainer import checkpoints
+from rlcore.steps import (
+    advantage_step,
+    concat_rollouts,
+    filter_groups,
+    logprob_step,
+    rollout_step,
+    score_step,
+)
+from rlcore.trainer import checkpoints, faults
 from rlcore.trainer.logger import MetricsLogger, read_metrics
 from rlcore.trainer.plots import plot_curves
 from rlcore.trainer.validation import validate_policy
@@ -243,7 +251,7 @@ def collect(p: Pieces, step: int) -> tuple[Batch, dict[str, torch.Tensor]]:
         kept.append(batch)
         if groups_kept >= wanted // p.dist.world_size:  # this rank's share of the prompts
             break
-    batch = Batch.concat(kept) if len(kept) > 1 else kept[0]
+    batch = concat_rollouts(kept, pad_token_id(p.tokenizer)) if len(kept) > 1 else kept[0]
     batch = batch[: min(len(batch), wanted // p.dist.world_size * cfg.rollout.n)]
     metrics["train/groups_drawn"] = torch.tensor(float(groups_seen))
     metrics["train/groups_kept_frac"] = torch.tensor(groups_kept / max(groups_seen, 1))
@@ -287,11 +295,14 @@ def train_step(p: Pieces, step: int) -> dict[str, float]:
         return sft_step(p, step)
     started = time.perf_counter()
     batch, metrics = collect(p, step)
-    if len(batch) == 0:  # dynamic sampling found no group with a signal: nothing to learn this step
+    faults.kill_point(step, "rollout")  # test-only fault injection (RLCORE_TEST_KILL_AT)
+    batch = batch[: _fewest_rows(p, len(batch))]  # dynamic sampling: ranks keep equal numbers of groups
+    if len(batch) == 0:  # no group with a signal on some rank: every rank skips the step together
         return {"train/empty_step": 1.0, "timing/step_s": time.perf_counter() - started}
     p.engine.sleep()
     try:
         metrics |= learn(p, step, batch)
+        faults.kill_point(step, "update")
     finally:
         p.engine.wake()
     from rlcore.trainer.models import sync_weights
@@ -304,6 +315,18 @@ def train_step(p: Pieces, step: int) -> dict[str, float]:
     metrics["timing/step_s"] = torch.tensor(seconds)
     metrics["throughput/tokens_per_s"] = tokens / seconds
     return {k: float(v) for k, v in metrics.items()}
+
+
+def _fewest_rows(p: Pieces, rows: int) -> int:
+    """The smallest batch over the ranks (whole groups of n rows): the update, a collective, needs every
+    rank to hold as many groups; the groups a rank kept beyond it are dropped."""
+    if p.dist.world_size == 1:
+        return rows
+    import torch.distributed as torch_dist
+
+    n = torch.tensor([rows], device=p.dist.device)
+    torch_dist.all_reduce(n, op=torch_dist.ReduceOp.MIN)
+    return int(n.item())
 
 
 def learn(p: Pieces, step: int, batch: Batch) -> dict[str, torch.Tensor | float]:
@@ -324,6 +347,7 @@ def learn(p: Pieces, step: int, batch: Batch) -> dict[str, torch.Tensor | float]
             values=compute_values(p.critic.model, batch, micro_batch_size=cfg.algo.micro_batch_size)
         )
     batch, am = advantage_step(batch, cfg.algo, kl_coef=p.kl_coef)
+    batch = faults.poison(batch, step)  # test-only NaN injection (RLCORE_TEST_NAN_AT_STEPS)
     metrics |= am
     update_started = time.perf_counter()
     if p.critic is not None:

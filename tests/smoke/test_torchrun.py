@@ -34,3 +34,13 @@ def test_two_ranks_sample_from_the_synced_unsharded_copy(tmp_path):
     assert all(r["rollout/logprob_diff_max"] < 1e-4 for r in records), records
     assert records[-1]["actor/grad_norm"] > 0
     assert (tmp_path / "final" / "model.safetensors").is_file()
+
+
+def test_two_ranks_with_dynamic_sampling(tmp_path):
+    """DAPO: a rank may need more sampling rounds than another (rounds of different widths are joined,
+    and a rank left with nothing makes every rank skip the step together instead of hanging)."""
+    proc = torchrun("dapo", *ARGS, "--out-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all("train/groups_kept_frac" in r or r.get("train/empty_step") == 1.0 for r in records)

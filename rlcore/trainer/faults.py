@@ -1,0 +1,45 @@
+"""Fault injection for the reliability tests, driven by environment variables (all unset: no effect).
+
+    RLCORE_TEST_KILL_AT=3:update       SIGKILL this process at step 3's phase: rollout (rollout and rewards
+                                       done, nothing learned), update (optimizer stepped, nothing logged),
+                                       or save (checkpoint files written, not yet committed)
+    RLCORE_TEST_PAUSE_IN_SAVE=60       stall every checkpoint save for 60 s before its commit
+    RLCORE_TEST_NAN_AT_STEPS=2,3       make the advantages of steps 2 and 3 NaN (the update must be skipped)
+
+The run loop calls `kill_point` at its phase boundaries, `checkpoints.save` calls `before_commit`,
+and `learn` passes the advantages through `poison`. tests/reliability drives them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+
+from rlcore.batch import Batch
+
+PHASES = ("rollout", "update", "save")
+
+
+def kill_point(step: int, phase: str) -> None:
+    """SIGKILL this process if RLCORE_TEST_KILL_AT names (step, phase)."""
+    assert phase in PHASES, phase
+    if os.environ.get("RLCORE_TEST_KILL_AT") == f"{step}:{phase}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def before_commit(step: int) -> None:
+    """Inside a checkpoint save, with its files written and not yet committed: pause, then maybe die."""
+    pause = os.environ.get("RLCORE_TEST_PAUSE_IN_SAVE")
+    if pause:
+        time.sleep(float(pause))
+    kill_point(step, "save")
+
+
+def poison(batch: Batch, step: int) -> Batch:
+    """The batch with NaN advantages if RLCORE_TEST_NAN_AT_STEPS lists `step`, else the batch itself."""
+    steps = os.environ.get("RLCORE_TEST_NAN_AT_STEPS", "")
+    if str(step) not in steps.split(","):
+        return batch
+    return batch.with_(advantages=batch["advantages"] * math.nan, overwrite=True)
