@@ -11,6 +11,8 @@ elsewhere; a row with no response token gets nothing. Metrics (0-dim tensors): `
 reward returned), `reward/rule_mean` and `reward/rm_mean` when a reward model is mixed in,
 `reward/overlong_penalty_mean` and `reward/overlong_frac` with the overlong penalty.
 The batch gains `token_scores` and `reward_extras` (the per-row extras dicts).
+The text scored is every real response token (`response_attention` where the batch has it): a
+multi-turn response is scored with its tool results, which the policy saw but is not trained on.
 """
 
 from __future__ import annotations
@@ -86,7 +88,9 @@ def score_step(
     if scorer is None and reward_model is None:
         raise ValueError("score_step needs a rule scorer, a reward model, or both")
     responses, response_mask = batch["responses"], batch["response_mask"]
-    texts = decode_responses(tokenizer, responses, response_mask)
+    # the whole response as the policy saw it: multi-turn tool results (attended, not trained) included
+    visible = batch["response_attention"] if "response_attention" in batch else response_mask
+    texts = decode_responses(tokenizer, responses, visible)
     metrics: dict[str, Tensor] = {}
     total = torch.zeros(len(batch), dtype=torch.float64)  # (b,)
     extras: list[dict[str, float]] = [{} for _ in texts]
@@ -106,7 +110,7 @@ def score_step(
         metrics["reward/rm_mean"] = rm.mean()
     if overlong is not None:
         penalty = overlong_penalty(
-            response_mask.sum(dim=1).cpu(),
+            visible.sum(dim=1).cpu(),  # the budget max_length bounds counts tool results too
             max_length=overlong.max_length,
             buffer_length=overlong.buffer_length,
             penalty_factor=overlong.penalty_factor,

@@ -200,3 +200,23 @@ def test_score_step_needs_something_to_score(tokenizer):
     batch = make_batch(tokenizer, ["1"], sources=["builtin/add"], truths=["1"])
     with pytest.raises(ValueError, match="needs a rule scorer, a reward model, or both"):
         score_step(None, batch, tokenizer=tokenizer)
+
+
+def test_multi_turn_responses_are_scored_with_their_tool_results(tokenizer):
+    """The calc answer is right only with the `<result>` observation in the text (attended, mask 0);
+    the score lands on the last model token."""
+    call, obs, answer = "<tool>calculator: 12*3</tool>", "<result>36</result>", "36"
+    tokens = ids(tokenizer, call) + ids(tokenizer, obs) + ids(tokenizer, answer) + [EOS]
+    width = len(tokens) + 2
+    responses = torch.full((1, width), PAD)
+    responses[0, : len(tokens)] = torch.tensor(tokens)
+    attention = torch.zeros(1, width)
+    attention[0, : len(tokens)] = 1
+    mask = attention.clone()
+    first_obs = len(ids(tokenizer, call))
+    mask[0, first_obs : first_obs + len(ids(tokenizer, obs))] = 0  # the tool result is not trained on
+    batch = Batch.from_dict({"responses": responses, "response_mask": mask, "response_attention": attention,
+                             "data_source": ["builtin/calc"], "ground_truth": ["36"], "extra_info": [{}]})  # fmt: skip
+    with RewardScorer(data_sources={"builtin/calc"}) as scorer:
+        out, _ = score_step(scorer, batch, tokenizer=tokenizer)
+    assert out["token_scores"][0, len(tokens) - 1] == 1.0 and out["token_scores"].sum() == 1.0

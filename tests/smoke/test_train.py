@@ -152,14 +152,17 @@ def test_a_run_killed_while_saving_resumes_from_the_previous_checkpoint(tmp_path
 
 
 def test_multi_turn_calc_task_trains_with_tool_results_masked(tmp_path):
-    """builtin:calc through the agent loop: the model's tokens are trained, the tool results are not, so
-    the trainer's log-probs of the trained tokens equal the rollout's (observation tokens have none)."""
+    """builtin:calc through the agent loop with the shipped warm start (it calls the calculator ~30% of
+    the time): tool results are scored but not trained on, so the trainer's log-probs of the trained
+    tokens equal the rollout's, and the rewarded tool use spreads."""
     args = ["grpo", *SMALL, "--data.train-files", "builtin:calc", "--data.val-files", "builtin:calc",
-            "--rollout.max-turns", "3", "--rollout.max-tokens", "24", "--trainer.steps", "2",
-            "--model.path", "builtin:tiny"]  # fmt: skip
+            "--rollout.max-turns", "2", "--rollout.max-tokens", "64", "--trainer.steps", "3",
+            "--data.batch-size", "8", "--model.path", "builtin:tiny-calc"]  # fmt: skip
     ok(train(*args, out=tmp_path))
     records = read_metrics(tmp_path / "metrics.jsonl")
-    assert [r["step"] for r in records] == [0, 1, 2]
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
     for r in records[1:]:
-        assert r["agent/turns_mean"] >= 1 and r["rollout/logprob_diff_max"] < 1e-4
+        assert r["agent/tool_calls_mean"] > 0 and r["rollout/logprob_diff_max"] < 1e-4
+        assert r["train/reward_mean"] >= r["agent/tool_calls_mean"] * 0.5  # tool use is rewarded
+    assert records[3]["agent/tool_calls_mean"] > records[1]["agent/tool_calls_mean"]
     assert "val/builtin/calc/reward_mean" in records[-1]
