@@ -64,7 +64,7 @@ class Run:
 
 
 def run_native(model: Any, tokenizer: Any, prompts: Batch, sampling: SamplingParams, **engine_kw: Any) -> Run:
-    engine = NativeEngine(model, tokenizer, **engine_kw)
+    engine = NativeEngine(model, tokenizer, device=next(model.parameters()).device, **engine_kw)
     start = time.perf_counter()
     out = engine.generate(prompts, sampling)
     seconds = time.perf_counter() - start
@@ -208,6 +208,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated columns")
     parser.add_argument("--models", default="builtin:tiny,llama-30m", help="comma-separated models")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (the GPU check runs it on cuda)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -221,7 +222,8 @@ def main() -> None:
         f"{n_prompts} prompts x n {n} x {max_tokens} new tokens, {args.repeats} runs each"
     )
     for name, (model, tokenizer) in build_models(args.models.split(",")).items():
-        prompts = prompt_batch(tokenizer, n_prompts)
+        model = model.to(args.device)
+        prompts = prompt_batch(tokenizer, n_prompts).to(args.device)
         runs: dict[str, list[Run]] = {e: [] for e in engines}
         for engine in engines:  # warm-up
             ENGINES[engine](model, tokenizer, prompts, sampling)
