@@ -89,7 +89,7 @@ def score_step(
         raise ValueError("score_step needs a rule scorer, a reward model, or both")
     responses, response_mask = batch["responses"], batch["response_mask"]
     # the whole response as the policy saw it: multi-turn tool results (attended, not trained) included
-    visible = batch["response_attention"] if "response_attention" in batch else response_mask
+    visible = batch["response_attention"] if "response_attention" in batch else response_mask  # noqa: SIM401
     texts = decode_responses(tokenizer, responses, visible)
     metrics: dict[str, Tensor] = {}
     total = torch.zeros(len(batch), dtype=torch.float64)  # (b,)

@@ -58,6 +58,7 @@ import contextlib
 import gc
 import os
 import random
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -105,13 +106,16 @@ def _vllm() -> Any:
     return vllm
 
 
-def _set_env_defaults() -> None:
-    """vLLM settings for a colocated engine, each set only where the user has not set it."""
+def _set_env_defaults() -> str | None:
+    """vLLM settings for a colocated engine, each set only where the user has not set it; returns the
+    cache directory it created (None if the user set one)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    if "VLLM_CACHE_ROOT" not in os.environ:
-        os.environ["VLLM_CACHE_ROOT"] = tempfile.mkdtemp(prefix="rlcore-vllm-cache-")
+    if "VLLM_CACHE_ROOT" in os.environ:
+        return None
+    os.environ["VLLM_CACHE_ROOT"] = tempfile.mkdtemp(prefix="rlcore-vllm-cache-")
+    return os.environ["VLLM_CACHE_ROOT"]
 
 
 @contextlib.contextmanager
@@ -192,12 +196,16 @@ class VLLMEngine:
         `sleep_level` 1 offloads weights to host memory, 2 discards them (reload them after `wake`).
         `llm_kwargs` go to `vllm.LLM` unchanged and override the above.
         """
-        _set_env_defaults()
-        vllm = _vllm()
+        self._cache_root = _set_env_defaults()
+        try:
+            vllm = _vllm()
+            path = str(Path(model_path).expanduser())
+            _check_cpu_head_dim(path)
+        except BaseException:
+            self._remove_cache_root()
+            raise
         from vllm.platforms import current_platform
 
-        path = str(Path(model_path).expanduser())
-        _check_cpu_head_dim(path)
         self._sleep_mode = current_platform.is_sleep_mode_available()
         kwargs: dict[str, Any] = {
             "model": path,
@@ -276,6 +284,15 @@ class VLLMEngine:
         self.llm = None
         gc.collect()
         cleanup_dist_env_and_memory()
+        self._remove_cache_root()
+
+    def _remove_cache_root(self) -> None:
+        """Delete the cache directory this engine made (see _set_env_defaults) and its variable."""
+        if self._cache_root:
+            shutil.rmtree(self._cache_root, ignore_errors=True)
+            if os.environ.get("VLLM_CACHE_ROOT") == self._cache_root:
+                del os.environ["VLLM_CACHE_ROOT"]
+            self._cache_root = None
 
     # -- helpers --------------------------------------------------------------------------------
 

