@@ -76,25 +76,14 @@ def evaluate(model, tokenizer, rows, *, greedy: bool, max_new_tokens: int = 12, 
     return sum(scores) / len(scores)
 
 
-def train(args) -> None:
-    torch.manual_seed(args.seed)
-    model, tokenizer = load_policy(f"builtin:{args.model}", seed=args.seed)
-    rows = generate_rows(args.task, "train", args.rows, seed=args.seed)
-    val = generate_rows(args.task, "val", 256, seed=args.seed)
-    rng = random.Random(args.seed)
-    optim = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.OneCycleLR(optim, max_lr=args.lr, total_steps=args.steps, pct_start=0.05)
+def fit(model, tokenizer, next_batch, *, steps: int, lr: float) -> None:
+    """`steps` AdamW steps (one-cycle schedule, clip 1.0) of cross-entropy on `next_batch()` = (ids, labels)."""
+    optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.OneCycleLR(optim, max_lr=lr, total_steps=steps, pct_start=0.05)
     model.train()
     start = time.time()
-    for step in range(args.steps):
-        batch = [rows[rng.randrange(len(rows))] for _ in range(args.batch)]
-        answers = [
-            r["reward_model"]["ground_truth"]
-            if rng.random() < args.p_correct
-            else DISTRACTORS[args.task](r["prompt"][0]["content"])
-            for r in batch
-        ]
-        ids, labels = encode_pairs(tokenizer, batch, answers)
+    for step in range(steps):
+        ids, labels = next_batch()
         logits = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long()).logits
         loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
         optim.zero_grad(set_to_none=True)
@@ -102,9 +91,29 @@ def train(args) -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optim.step()
         sched.step()
-        if step % 200 == 0 or step == args.steps - 1:
+        if step % 200 == 0 or step == steps - 1:
             print(f"step {step:5d}  loss {loss.item():.4f}  {time.time() - start:.0f}s", flush=True)
     model.eval()
+
+
+def train(args) -> None:
+    torch.manual_seed(args.seed)
+    model, tokenizer = load_policy(f"builtin:{args.model}", seed=args.seed)
+    rows = generate_rows(args.task, "train", args.rows, seed=args.seed)
+    val = generate_rows(args.task, "val", 256, seed=args.seed)
+    rng = random.Random(args.seed)
+
+    def next_batch():
+        batch = [rows[rng.randrange(len(rows))] for _ in range(args.batch)]
+        answers = [
+            r["reward_model"]["ground_truth"]
+            if rng.random() < args.p_correct
+            else DISTRACTORS[args.task](r["prompt"][0]["content"])
+            for r in batch
+        ]
+        return encode_pairs(tokenizer, batch, answers)
+
+    fit(model, tokenizer, next_batch, steps=args.steps, lr=args.lr)
     greedy = evaluate(model, tokenizer, val, greedy=True)
     sampled = evaluate(model, tokenizer, val, greedy=False, seed=args.seed)
     print(f"val reward: greedy {greedy:.3f}  sampled {sampled:.3f}  (p_correct {args.p_correct})")

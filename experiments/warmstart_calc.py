@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import argparse
 import random
-import time
+import sys
 from pathlib import Path
 
 import torch
-from torch.nn import functional as F
 
 from rlcore.data import agent_tasks
 from rlcore.data.dataset import PromptDataset
@@ -32,6 +31,9 @@ from rlcore.data.rows import row_from_dict
 from rlcore.models import load_policy
 from rlcore.rollout import AgentEngine, NativeEngine, SamplingParams
 from rlcore.rollout.tools import DEFAULT_FORMAT as FMT
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from warmstart import fit
 
 
 def demonstration(row: dict, use_tool: bool) -> list[tuple[str, bool]]:
@@ -86,23 +88,12 @@ def train(args) -> None:
     rows = agent_tasks.generate_rows("train", args.rows, seed=args.seed)
     val = agent_tasks.generate_rows("val", 128, seed=args.seed)
     rng = random.Random(args.seed)
-    optim = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.OneCycleLR(optim, max_lr=args.lr, total_steps=args.steps, pct_start=0.05)
-    model.train()
-    start = time.time()
-    for step in range(args.steps):
+
+    def next_batch():
         batch = [rows[rng.randrange(len(rows))] for _ in range(args.batch)]
-        ids, labels = encode(tokenizer, batch, [rng.random() < args.p_tool for _ in batch])
-        logits = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long()).logits
-        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
-        optim.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optim.step()
-        sched.step()
-        if step % 200 == 0 or step == args.steps - 1:
-            print(f"step {step:5d}  loss {loss.item():.4f}  {time.time() - start:.0f}s", flush=True)
-    model.eval()
+        return encode(tokenizer, batch, [rng.random() < args.p_tool for _ in batch])
+
+    fit(model, tokenizer, next_batch, steps=args.steps, lr=args.lr)
     greedy = evaluate(model, tokenizer, val, greedy=True)
     sampled = evaluate(model, tokenizer, val, greedy=False, seed=args.seed)
     print(f"val greedy {greedy}  sampled {sampled}  (p_tool {args.p_tool})")
