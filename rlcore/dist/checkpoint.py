@@ -10,7 +10,8 @@
 Layout of `step_<N>/`: `dcp/` (every rank's shards of the model and optimizer state, loadable at any
 world size, one process included), `extra.json` (the JSON-able extras, written by rank 0),
 `tensors_rank<r>.pt` (each rank's tensors, e.g. RNG states: a flat dict of tensors saved with
-`torch.save`, loaded with `weights_only=True`: no pickled code), and `COMPLETE`.
+`torch.save`, loaded with `weights_only=True`: no pickled code), and `COMPLETE`. The DCP files are read
+through `rlcore.dist.safe_dcp` (an allow-list unpickler for DCP's index, `weights_only` for its values).
 Atomicity: everything is written into `step_<N>.tmp/`; after every rank is done, rank 0 writes
 `COMPLETE` and renames the directory to `step_<N>/`. A crash leaves at most a `.tmp` directory,
 which `latest_checkpoint` ignores and `prune` removes.
@@ -39,6 +40,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 from torch.optim import Optimizer
+
+from rlcore.dist import safe_dcp
 
 _STEP = re.compile(r"^step_(\d+)$")
 COMPLETE = "COMPLETE"
@@ -140,12 +143,12 @@ def load_checkpoint(
     with _quiet_single_process():
         if optimizer is None:
             state = {"model": get_model_state_dict(model)}
-            dcp.load(state, checkpoint_id=path / "dcp", no_dist=_no_dist())
+            safe_dcp.load(state, path / "dcp", no_dist=_no_dist())
             set_model_state_dict(model, state["model"])
         else:
             model_sd, optim_sd = get_state_dict(model, optimizer)
             state = {"model": model_sd, "optim": optim_sd}
-            dcp.load(state, checkpoint_id=path / "dcp", no_dist=_no_dist())
+            safe_dcp.load(state, path / "dcp", no_dist=_no_dist())
             set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     extra = json.loads((path / "extra.json").read_text()) if (path / "extra.json").is_file() else {}
     rank_file = path / f"tensors_rank{_rank()}.pt"

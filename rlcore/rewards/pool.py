@@ -32,7 +32,7 @@ from contextlib import suppress
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from rlcore.rewards.custom import split_spec
+from rlcore.rewards.custom import RewardSpecError, split_spec
 from rlcore.rewards.dispatch import REWARD_FNS, resolve_reward_fn, unknown_sources_error
 from rlcore.rewards.worker import Outcome, call_reward, serve
 
@@ -270,16 +270,19 @@ class RewardScorer:
 def _check_options(
     num_workers: int, timeout_s: float, failure_score: float, max_error_rate: float, start_timeout_s: float
 ) -> None:
+    """Raise RewardSpecError (a user error: one line, exit code 2 in train.py) on a bad option."""
     if not isinstance(num_workers, int) or num_workers < 0:
-        raise ValueError(f"--reward.num-workers={num_workers!r}: expected an integer >= 0 (0 = in-process)")
+        raise RewardSpecError(
+            f"--reward.num-workers={num_workers!r}: expected an integer >= 0 (0 = in-process)"
+        )
     if not timeout_s > 0:
-        raise ValueError(f"--reward.timeout-s={timeout_s!r}: expected a number of seconds > 0")
+        raise RewardSpecError(f"--reward.timeout-s={timeout_s!r}: expected a number of seconds > 0")
     if not start_timeout_s > 0:
-        raise ValueError(f"start_timeout_s={start_timeout_s!r}: expected a number of seconds > 0")
+        raise RewardSpecError(f"start_timeout_s={start_timeout_s!r}: expected a number of seconds > 0")
     if not math.isfinite(failure_score):
-        raise ValueError(f"--reward.failure-score={failure_score!r}: expected a finite number")
+        raise RewardSpecError(f"--reward.failure-score={failure_score!r}: expected a finite number")
     if not 0 <= max_error_rate <= 1:
-        raise ValueError(f"--reward.max-error-rate={max_error_rate!r}: expected a fraction in [0, 1]")
+        raise RewardSpecError(f"--reward.max-error-rate={max_error_rate!r}: expected a fraction in [0, 1]")
 
 
 def _context() -> Any:

@@ -1,11 +1,16 @@
 """Metrics out of the trainer: metrics.jsonl (orjson), an optional W&B run, and a live progress line.
 
-Rank 0 alone writes and prints; other ranks get a logger whose methods do nothing.
+Rank 0 alone writes and prints; other ranks get a logger whose methods do nothing. Every record also
+gets the process's memory: `perf/rss_mb` (resident now) and `perf/max_memory_mb` (peak resident so
+far, the kernel's high-water mark). A record that cannot be appended (disk full) ends the run with
+one `error:` line and exit code 2; a record torn by a crash mid-append is dropped when read back.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -45,9 +50,19 @@ class MetricsLogger:
         """Record `metrics` of `step` (plain floats; non-finite values are written as null)."""
         if not self.enabled:
             return
+        metrics = metrics | memory_metrics()
         record = {"step": step} | {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}
-        with self.path.open("ab") as f:
-            f.write(orjson.dumps(record) + b"\n")
+        try:
+            with self.path.open("ab") as f:
+                f.write(orjson.dumps(record) + b"\n")
+        except OSError as e:
+            print(
+                f"error: cannot append step {step} to {self.path} ({e.strerror}); free disk space or make "
+                f"{self.path.parent} writable, then rerun with --resume auto",
+                file=sys.stderr,
+                flush=True,
+            )
+            raise SystemExit(2) from None
         if self._wandb is not None:
             self._wandb.log(metrics, step=step)
         if self.progress:
@@ -79,5 +94,20 @@ class MetricsLogger:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl file."""
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+    """The records of a metrics.jsonl file; a last line without its newline (torn by a crash) is dropped."""
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        data = data[: data.rfind(b"\n") + 1]
+    return [orjson.loads(line) for line in data.splitlines() if line.strip()]
+
+
+def memory_metrics() -> dict[str, float]:
+    """`perf/max_memory_mb`: peak resident memory of this process; `perf/rss_mb`: resident now (Linux)."""
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux (bytes on macOS)
+    metrics = {"perf/max_memory_mb": peak_kb / (2**20 if sys.platform == "darwin" else 1024)}
+    try:
+        with open("/proc/self/statm") as f:
+            resident_pages = int(f.read().split()[1])
+    except OSError:  # not Linux
+        return metrics
+    return metrics | {"perf/rss_mb": resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**20}

@@ -1,0 +1,220 @@
+"""Bad input matrix: every malformed flag, data file, reward file, model path and checkpoint exits 2 with
+exactly one `error:` line (the one in this table) and no traceback. The README's "Guarantees" section
+lists the same table; `test_the_readme_lists_every_case` keeps the two equal.
+
+Cases already covered by tests/smoke/test_train.py (unknown preset, misspelt flag, non-integer value,
+mini-batch that does not divide, unknown estimator, missing train file, missing model, missing reward
+file, vLLM refused, non-object prompt) are not repeated. DIR stands for the directory of the files below.
+A line ending in "…" is matched up to there (the rest lists choices that grow with the library).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.reliability.helpers import SMALL
+
+ROOT = Path(__file__).resolve().parents[2]
+GOOD = {"data_source": "builtin/reverse", "prompt": [{"role": "user", "content": "reverse 12"}],
+        "reward_model": {"ground_truth": "21"}}  # fmt: skip
+
+
+def _rows(*rows: dict) -> str:
+    return "".join(json.dumps(row) + "\n" for row in rows)
+
+
+def _parquet(path: Path, rows: list[dict]) -> None:
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+FILES = {
+    "empty.jsonl": "",
+    "bad_json.jsonl": _rows(GOOD) + "{oops\n",
+    "no_source.jsonl": _rows({k: v for k, v in GOOD.items() if k != "data_source"}),
+    "int_source.jsonl": _rows(GOOD | {"data_source": 3}),
+    "str_reward_model.jsonl": _rows(GOOD | {"reward_model": "21"}),
+    "empty_prompt.jsonl": _rows(GOOD | {"prompt": []}),
+    "no_content.jsonl": _rows(GOOD | {"prompt": [{"role": "user"}]}),
+    "unknown_source.jsonl": _rows(GOOD | {"data_source": "my/source"}),
+    "rows.csv": "data_source,prompt\n",
+    "array.json": "[1]",
+    "corrupt.parquet": b"PAR1 not really parquet",
+    "int_prompt.parquet": lambda path: _parquet(path, [GOOD | {"prompt": 7}]),
+    "syntax.py": "def compute_score(:\n",
+    "no_fn.py": "def score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n",
+    "raises.py": "raise RuntimeError('boom at import')\n",
+    "not_callable.py": "compute_score = 3\n",
+    "bad_signature.py": "def compute_score(text):\n    return 0.0\n",
+    "reward.txt": "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n",
+    "a_file": "not a directory\n",
+    "empty_dir/": None,
+    "no_config/": None,
+    "bad_config/config.json": "{not json",
+    "damaged_checkpoint/": "damaged",  # the reference run's last checkpoint, its shard file cut in half
+}
+
+F = "--data.train-files"
+R = "--reward.custom"
+CASES = [  # (case, flags, the error line after "error: ")
+    ("batch size 0", ["--data.batch-size", "0"], "--data.batch-size 0: must be >= 1"),
+    ("group of one", ["--rollout.n", "1"],
+     "--rollout.n 1: --algo.adv-estimator grpo compares samples of a prompt; use n >= 2"),
+    ("top-p 0", ["--rollout.top-p", "0"], "--rollout.top-p 0.0: must be in (0, 1]"),
+    ("negative temperature", ["--rollout.temperature", "-1"], "--rollout.temperature -1.0: must be >= 0"),
+    ("no turns", ["--rollout.max-turns", "0"], "--rollout.max-turns 0: must be >= 1 (1 is single-turn)"),
+    ("no tokens", ["--rollout.max-tokens", "0"], "--rollout.max-tokens 0: must be >= 1"),
+    ("unknown policy loss", ["--algo.policy-loss", "nope"], "--algo.policy-loss 'nope': choose one of …"),
+    ("unknown KL estimator", ["--algo.kl-kind", "nope"], "--algo.kl-kind 'nope': choose one of …"),
+    ("no epochs", ["--algo.ppo-epochs", "0"], "--algo.ppo-epochs 0: must be >= 1"),
+    ("learning rate 0", ["--optim.lr", "0"], "--optim.lr 0.0: must be > 0"),
+    ("no steps", ["--trainer.steps", "0"], "--trainer.steps 0: must be >= 1"),
+    ("negative save interval", ["--trainer.save-every", "-1"],
+     "--trainer.save-every -1: must be >= 0 (0 turns it off)"),
+    ("keep no checkpoint", ["--trainer.keep-last", "0"], "--trainer.keep-last 0: must be >= 1"),
+    ("bad choice", ["--data.overlong", "bogus"],
+     "invalid choice 'bogus' for argument '--data.overlong'. Expected one of ('drop', 'error'). "
+     "(see python train.py --help)"),
+    ("unknown device", ["--trainer.device", "tpu"],
+     "invalid choice 'tpu' for argument '--trainer.device'. Expected one of ('auto', 'cpu', 'cuda'). "
+     "(see python train.py --help)"),
+    ("unknown flag", ["--foo", "1"], "Unrecognized options: --foo, 1 (see python train.py --help)"),
+    ("negative reward workers", ["--reward.num-workers", "-1"],
+     "--reward.num-workers=-1: expected an integer >= 0 (0 = in-process)"),
+    ("reward timeout 0", ["--reward.timeout-s", "0"], "--reward.timeout-s=0.0: expected a number of seconds > 0"),
+    ("error rate above 1", ["--reward.max-error-rate", "2"],
+     "--reward.max-error-rate=2.0: expected a fraction in [0, 1]"),
+    ("non-finite failure score", ["--reward.failure-score", "nan"],
+     "--reward.failure-score=nan: expected a finite number"),
+    ("reward spec without function", [R, "nocolon"], "--reward.custom 'nocolon': write it as path/to/file.py:function"),
+    ("missing validation file", ["--data.val-files", "/nonexistent/val.jsonl"],
+     "--data.val-files /nonexistent/val.jsonl: file not found; give parquet/jsonl files or builtin:<task>"),
+    ("directory as data file", [F, "{d}/empty_dir"],
+     "--data.train-files {d}/empty_dir: file not found; give parquet/jsonl files or builtin:<task>"),
+    ("unknown built-in task", [F, "builtin:nope"],
+     "--data.train-files builtin:nope: unknown built-in task; choose one of …"),
+    ("empty data file", [F, "{d}/empty.jsonl"], "--data.train-files: no rows"),
+    ("invalid JSON line", [F, "{d}/bad_json.jsonl"],
+     "{d}/bad_json.jsonl line 2: invalid JSON (unexpected character, expected a string key: line 1 column 2 "
+     "(char 1))"),
+    ("row without data_source", [F, "{d}/no_source.jsonl"], "{d}/no_source.jsonl line 1: missing field 'data_source'"),
+    ("data_source not a string", [F, "{d}/int_source.jsonl"],
+     "{d}/int_source.jsonl line 1: field 'data_source' is an int, expected str"),
+    ("reward_model not an object", [F, "{d}/str_reward_model.jsonl"],
+     "{d}/str_reward_model.jsonl line 1: field 'reward_model' is a string, expected an object"),
+    ("empty prompt", [F, "{d}/empty_prompt.jsonl"],
+     "{d}/empty_prompt.jsonl line 1: field 'prompt' is an empty list of messages"),
+    ("message without content", [F, "{d}/no_content.jsonl"],
+     "{d}/no_content.jsonl line 1: field 'prompt[0]' has no 'content'"),
+    ("data_source without reward", [F, "{d}/unknown_source.jsonl"],
+     "no reward function for data_source 'my/source' (built-in: …"),
+    ("unsupported file type", [F, "{d}/rows.csv"],
+     "{d}/rows.csv: unsupported file type '.csv', expected .parquet/.jsonl/.json"),
+    ("JSON array of non-objects", [F, "{d}/array.json"],
+     "{d}/array.json row 0: row is an int, expected an object with a 'prompt' field"),
+    ("corrupt parquet", [F, "{d}/corrupt.parquet"],
+     "{d}/corrupt.parquet: cannot read parquet file (Could not open Parquet input source '{d}/corrupt.parquet': …"),
+    ("parquet field of the wrong type", [F, "{d}/int_prompt.parquet"],
+     "{d}/int_prompt.parquet row 0: field 'prompt' is an int, expected a list of messages or a string"),
+    ("every prompt too long, dropped", ["--data.max-prompt-length", "2"],
+     "--data.train-files: no rows left after dropping 16 prompts longer than max_prompt_length=2"),
+    ("prompt too long, rejected", ["--data.max-prompt-length", "2", "--data.overlong", "error"],
+     "builtin:reverse row 0: field 'prompt' is 16 tokens, longer than max_prompt_length=2 "
+     "(overlong='drop' drops such rows)"),
+    ("reward file with a syntax error", [R, "{d}/syntax.py:compute_score"],
+     "--reward.custom '{d}/syntax.py:compute_score': importing {d}/syntax.py failed: SyntaxError: invalid "
+     "syntax (syntax.py, line 1)"),
+    ("reward file without the function", [R, "{d}/no_fn.py:compute_score"],
+     "--reward.custom '{d}/no_fn.py:compute_score': no_fn.py has no function 'compute_score' (functions "
+     "defined there: score); write 'path:function_name' with one of them"),
+    ("reward file raising at import", [R, "{d}/raises.py:compute_score"],
+     "--reward.custom '{d}/raises.py:compute_score': importing {d}/raises.py failed: RuntimeError: boom at import"),
+    ("reward name not a function", [R, "{d}/not_callable.py:compute_score"],
+     "--reward.custom '{d}/not_callable.py:compute_score': 'compute_score' in not_callable.py is a int, not a "
+     "function; point at a function with the signature compute_score(data_source, solution_str, "
+     "ground_truth, extra_info=None)"),
+    ("reward function with other parameters", [R, "{d}/bad_signature.py:compute_score"],
+     "--reward.custom '{d}/bad_signature.py:compute_score': compute_score(text) cannot be called as "
+     "fn(data_source=, solution_str=, ground_truth=, extra_info=) (missing a required argument: 'text'); "
+     "use verl's parameter names"),
+    ("reward file not .py", [R, "{d}/reward.txt:compute_score"],
+     "--reward.custom '{d}/reward.txt:compute_score': {d}/reward.txt cannot be imported as a Python file; "
+     "use a .py file"),
+    ("model path is a file", ["--model.path", "{d}/a_file"],
+     "--model.path: model path '{d}/a_file' is not a directory; expected a local Hugging Face model directory "
+     "or builtin:<name> with name in …"),
+    ("model directory without config.json", ["--model.path", "{d}/no_config"],
+     "--model.path: model path '{d}/no_config' has no config.json; it is not a Hugging Face model directory"),
+    ("model config not JSON", ["--model.path", "{d}/bad_config"],
+     "--model.path: model path '{d}/bad_config': cannot load the model (It looks like the config file at "
+     "'{d}/bad_config/config.json' is not a valid JSON file.)"),
+    ("unknown built-in model", ["--model.path", "builtin:nope"],
+     "--model.path: unknown built-in model builtin:nope; choose one of …"),
+    ("resume from a missing directory", ["--resume", "/nonexistent/ckpt"],
+     "--resume '/nonexistent/ckpt': use auto, none, or an existing checkpoint directory"),
+    ("resume from a non-checkpoint", ["--resume", "{d}/empty_dir"],
+     "--resume {d}/empty_dir: {d}/empty_dir is not a complete checkpoint (no COMPLETE file); give a "
+     "checkpoints/step_<N> directory written by a finished save, or auto, or none"),
+    ("resume from a damaged checkpoint", ["--resume", "{d}/damaged_checkpoint"],
+     "--resume {d}/damaged_checkpoint: checkpoint {d}/damaged_checkpoint cannot be loaded (…"),
+    ("output directory is a file", ["--out-dir", "{d}/a_file"],
+     "--out-dir {d}/a_file: exists and is not a directory; give a new or an existing run directory"),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, reference) -> Path:
+    d = tmp_path_factory.mktemp("bad_input")
+    for name, content in FILES.items():
+        path = d / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if content == "damaged":
+            shutil.copytree(reference / "checkpoints" / "step_4", path)
+            shard = next((path / "dcp").glob("*.distcp"))
+            shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+        elif name.endswith("/"):
+            path.mkdir(exist_ok=True)
+        elif callable(content):
+            content(path)
+        elif isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+    return d
+
+
+def _id(case) -> str:
+    return (case.values[0] if hasattr(case, "values") else case[0]).replace(" ", "-")
+
+
+@pytest.mark.parametrize(("case", "flags", "line"), CASES, ids=[_id(c) for c in CASES])
+def test_bad_input_exits_2_with_its_one_line(case, flags, line, files, launch, tmp_path):
+    flags = [flag.format(d=files) for flag in flags]
+    out = [] if "--out-dir" in flags else ["--out-dir", str(tmp_path / "run")]
+    args = ["grpo", *SMALL, "--data.builtin-train-size", "16", "--trainer.steps", "1", *flags, *out]
+    proc = launch.run(args, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    lines = [text for text in proc.stderr.splitlines() if text.strip()]
+    assert len(lines) == 1, proc.stderr
+    expected = "error: " + line.format(d=files)
+    if expected.endswith("…"):
+        assert lines[0].startswith(expected[:-1]), lines[0]
+    else:
+        assert lines[0] == expected
+
+
+def readme_row(case: str, flags: list[str], line: str) -> str:
+    shown = " ".join(flags).replace("{d}", "DIR")
+    return f"| {case} | `{shown}` | `error: {line.replace('{d}', 'DIR')}` |"
+
+
+def test_the_readme_lists_every_case():
+    readme = (ROOT / "README.md").read_text()
+    missing = [c[0] for c in CASES if not hasattr(c, "values") and readme_row(*c) not in readme]
+    assert not missing, f"README.md lacks the rows of {missing}; expected e.g. {readme_row(*CASES[0])}"
