@@ -250,7 +250,10 @@ PRESETS: dict[str, tuple[str, Config]] = {
         "Dr.GRPO: no std normalisation, seq-mean-token-sum-norm (Liu et al. 2025)",
         _algo(preset="drgrpo", norm_by_std=False, loss_agg="seq-mean-token-sum-norm"),
     ),
-    "gspo": ("GSPO: sequence-level ratios (Zheng et al. 2025)", _algo(preset="gspo", policy_loss="gspo")),
+    "gspo": (
+        "GSPO: sequence-level ratios (Zheng et al. 2025)",
+        _algo(preset="gspo", policy_loss="gspo", loss_agg="seq-mean-token-mean"),
+    ),
     "rloo": (
         "RLOO: leave-one-out baseline (Ahmadian et al. 2024)",
         _algo(preset="rloo", adv_estimator="rloo"),
@@ -333,6 +336,10 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
     for flag, value in (("--trainer.val-every", t.val_every), ("--trainer.save-every", t.save_every)):
         _need(value >= 0, f"{flag} {value}: must be >= 0 (0 turns it off)")
     _need(t.keep_last >= 1, f"--trainer.keep-last {t.keep_last}: must be >= 1")
+    _need(
+        cfg.out_dir is None or not Path(cfg.out_dir).exists() or Path(cfg.out_dir).is_dir(),
+        f"--out-dir {cfg.out_dir}: exists and is not a directory; give a new or an existing run directory",
+    )
     if cfg.reward.custom is not None:
         path = cfg.reward.custom.rsplit(":", 1)[0]
         _need(

@@ -139,14 +139,15 @@ def reinforce_pp(
     response_mask: Tensor,
     *,
     gamma: float = 1.0,
-    carry_through_masked: bool = False,
+    carry_through_masked: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++: discounted return-to-go G_t = r_t + gamma G_{t+1}, whitened over the batch's tokens.
 
-    As in verl, the running return restarts after each masked position (`carry_through_masked=False`):
-    right for padding after EOS, but it cuts the outcome reward off from earlier turns when
-    observation tokens sit inside a multi-turn response. `carry_through_masked=True` carries G across
-    masked positions instead (and ignores their rewards), like `gae` does. Hu 2025, arXiv:2501.03262.
+    As in verl 0.9.1, the running return is carried unchanged across masked positions (observation
+    tokens inside a multi-turn response; their rewards are ignored), like `gae` does, so the outcome
+    reward reaches every turn. `carry_through_masked=False` restarts it after each masked position
+    instead (verl before 0.9.1: it cuts earlier turns off from the outcome). The two agree on
+    single-turn responses, whose masked positions all follow the last token. Hu 2025, arXiv:2501.03262.
     """
     m = response_mask.to(token_rewards.dtype)
     rewards = apply_mask(token_rewards, m) if carry_through_masked else token_rewards

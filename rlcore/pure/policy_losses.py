@@ -167,8 +167,9 @@ def gspo(
     Shapes: all tensors (b, t) -> 0-dim loss.
     Formula: s_i = exp(mean_t(logprob - old_logprob)) per row; the token ratio has the value of s_i
     and the gradient of logprob: s_it = exp(min(logprob - sg(logprob) + sg(log s_i), 10));
-    l = max(-A s_it, -A clip(s_it, 1 - clip_low, 1 + clip_high)), aggregated "seq-mean-token-mean"
-    whatever `agg` (as verl). Metrics: pg_clipfrac, ppo_kl, pg_clipfrac_lower (always 0).
+    l = max(-A s_it, -A clip(s_it, 1 - clip_low, 1 + clip_high)), aggregated by `agg` (as verl 0.9.1,
+    which recommends "seq-mean-token-mean": the `gspo` preset sets it). Metrics: pg_clipfrac, ppo_kl,
+    pg_clipfrac_lower (always 0).
     Paper: arXiv:2507.18071.
     """
     check_agg(agg)
@@ -183,7 +184,7 @@ def gspo(
     loss1 = -adv * ratio
     loss2 = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     pg_losses = _weighted(torch.maximum(loss1, loss2), is_weights, mask)
-    loss = aggregate(pg_losses, mask, "seq-mean-token-mean", num_tokens=num_tokens, num_seqs=num_seqs)
+    loss = aggregate(pg_losses, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, horizon=horizon)
     metrics = {
         "pg_clipfrac": masked_mean((loss2 > loss1).to(adv.dtype), mask).detach(),
         "ppo_kl": masked_mean(-log_ratio, mask).detach(),

@@ -118,15 +118,16 @@ def gae(r, v, m, gamma=1.0, lam=1.0):
     return whiten(adv, m) * m, returns
 
 
-def reinforce_pp(r, m, gamma=1.0):
+def reinforce_pp(r, m, gamma=1.0, carry=True):
+    """verl 0.9.1 (carry: a masked position leaves the running return as it was) or older verl (reset)."""
     b, t_len = r.shape
     returns = torch.zeros_like(r)
     for i in range(b):
         running = 0.0
         for t in reversed(range(t_len)):
-            running = r[i, t] + gamma * running
-            returns[i, t] = running
-            running = running * m[i, t]
+            new = r[i, t] + gamma * running
+            returns[i, t] = new
+            running = new * m[i, t] + (running * (1 - m[i, t]) if carry else 0.0)
     return whiten(returns, m) * m, returns * m
 
 

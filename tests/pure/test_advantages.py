@@ -95,16 +95,16 @@ def test_reinforce_pp_discounts_and_whitens():
     torch.testing.assert_close(a, (returns - mean) / torch.sqrt(var + 1e-8), atol=ATOL, rtol=0)
 
 
-def test_reinforce_pp_observation_token_resets_like_verl_or_carries():
-    # response: token, observation (mask 0), token, token(+1 reward)
-    r = torch.tensor([[0.0, 0.0, 0.0, 1.0]], dtype=F64)
+def test_reinforce_pp_observation_token_carries_like_verl_or_resets():
+    # response: token, observation (mask 0, with a stray reward that must be ignored), token, token(+1)
+    r = torch.tensor([[0.0, 5.0, 0.0, 1.0]], dtype=F64)
     m = torch.tensor([[1.0, 0.0, 1.0, 1.0]], dtype=F64)
     _, ret = adv.reinforce_pp(r, m)
-    # verl: the running return is multiplied by the mask, so it restarts at the observation token
-    torch.testing.assert_close(ret, torch.tensor([[0.0, 0.0, 1.0, 1.0]], dtype=F64), atol=ATOL, rtol=0)
-    _, ret = adv.reinforce_pp(r, m, carry_through_masked=True)
-    # carried: the outcome reaches the first turn's token too
+    # verl 0.9.1 (the default): carried across the observation, so the outcome reaches the first turn
     torch.testing.assert_close(ret, torch.tensor([[1.0, 0.0, 1.0, 1.0]], dtype=F64), atol=ATOL, rtol=0)
+    _, ret = adv.reinforce_pp(r, m, carry_through_masked=False)
+    # older verl: the running return is multiplied by the mask, so it restarts at the observation
+    torch.testing.assert_close(ret, torch.tensor([[0.0, 0.0, 1.0, 1.0]], dtype=F64), atol=ATOL, rtol=0)
 
 
 def test_gae_skips_observation_tokens():
@@ -212,9 +212,10 @@ def test_token_level_estimators_match_the_loop_reference(seed):
     got, want = adv.gae(r, v, m, gamma=gamma, lam=lam), ref.gae(r, v, m, gamma=gamma, lam=lam)
     for x, y in zip(got, want, strict=True):
         torch.testing.assert_close(x, y, atol=ATOL, rtol=0)
-    got, want = adv.reinforce_pp(r, m, gamma=gamma), ref.reinforce_pp(r, m, gamma=gamma)
-    for x, y in zip(got, want, strict=True):
-        torch.testing.assert_close(x, y, atol=ATOL, rtol=0)
+    for carry in (True, False):
+        got = adv.reinforce_pp(r, m, gamma=gamma, carry_through_masked=carry)
+        for x, y in zip(got, ref.reinforce_pp(r, m, gamma=gamma, carry=carry), strict=True):
+            torch.testing.assert_close(x, y, atol=ATOL, rtol=0)
     base = torch.randn(r.shape[0], generator=gen, dtype=F64)
     for x, y in zip(adv.remax(r, m, base), ref.remax(r, m, base), strict=True):
         torch.testing.assert_close(x, y, atol=ATOL, rtol=0)

@@ -250,7 +250,7 @@ def test_gspo_matches_a_loop_reference(seed):
     lp, old, adv, mask = random_batch(seed)
     x, y = lp.clone().requires_grad_(), lp.clone().requires_grad_()
     clip_low, clip_high = (3e-4, 4e-4) if seed % 2 else (0.2, 0.2)  # GSPO's paper uses tiny ranges
-    loss, _ = L.gspo(x, old, adv, mask, clip_low=clip_low, clip_high=clip_high)
+    loss, _ = L.gspo(x, old, adv, mask, clip_low=clip_low, clip_high=clip_high, agg="seq-mean-token-mean")
     ref = gspo_loop(y, old, adv, mask, clip_low, clip_high)
     close(loss, ref)
     loss.backward()
@@ -268,7 +268,9 @@ def test_gspo_by_hand_gives_every_token_its_sequence_ratio():
     )
     s0, s1 = math.exp((0.15 - 0.3 + 0.25) / 3), math.exp((-0.3 - 0.4) / 2)  # geometric-mean ratios
     assert s1 < 0.8  # row 1's ratio is below the clip range
-    loss, metrics = L.gspo(lp, old, adv, m, agg="token-sum")  # agg is ignored: seq-mean-token-mean
+    token_sum, _ = L.gspo(lp, old, adv, m, agg="token-sum")  # the given aggregation (verl 0.9.1)
+    close(token_sum, -3 * s0 + 2 * 0.4)
+    loss, metrics = L.gspo(lp, old, adv, m, agg="seq-mean-token-mean")  # the recommended one
     # row 0: -A s0 on each token (s0 = 1.03 inside); row 1: s1 = 0.70 < 0.8, A < 0: 0.5 * 0.8 each
     close(loss, (-s0 + 0.4) / 2)
     close(metrics["pg_clipfrac"], 2 / 5)

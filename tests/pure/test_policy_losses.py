@@ -128,7 +128,7 @@ def test_gspo_weights_multiply_the_clipped_token_loss():
     lp, old, adv, m = tiny()
     s0 = e((0.15 - 0.3 + 0.25) / 3)  # row 0's sequence ratio (inside the clip range)
     w = t64([[2.0, 0.5, 4.0], [3.0, 1.0, 7.0]])
-    loss, _ = L.gspo(lp, old, adv, m, is_weights=w)
+    loss, _ = L.gspo(lp, old, adv, m, is_weights=w, agg="seq-mean-token-mean")
     # row 1: s1 = e^-.35 < 0.8 with A < 0, so each token's loss is -A1 * 0.8 = 0.4
     close(loss, ((-A0 * s0) * (2.0 + 0.5 + 4.0) / 3 + 0.4 * (3.0 + 1.0) / 2) / 2)
 
