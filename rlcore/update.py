@@ -54,7 +54,7 @@ from rlcore.models.forward import (
 from rlcore.pure.kl import kl_estimate
 from rlcore.pure.logprobs import token_logprobs
 from rlcore.pure.losses import POLICY_LOSSES, aggregate
-from rlcore.pure.masks import masked_sum
+from rlcore.pure.masks import apply_mask, masked_sum
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -162,11 +162,19 @@ def mini_batches(batch: Batch, mini_batch_size: int | None, mesh: DeviceMesh | N
     return [batch[a:b] for a, b in itertools.pairwise(bounds)]
 
 
+MAX_SUFFIX = "_max"
+"""Metrics whose name ends so are maxima (over micro-batches, updates and ranks), not averages."""
+
+
 def _needed_fields(batch: Batch, algo_cfg: AlgoConfig) -> tuple[str, ...]:
-    fields = [*SEQUENCE_FIELDS, "old_logprobs", "advantages"]
+    fields = [*SEQUENCE_FIELDS, "advantages"]
+    if "old_logprobs" in batch:
+        fields.append("old_logprobs")
+    elif "rollout_logprobs" in batch:  # on-policy: the rollout gap is measured in the update
+        fields.append("rollout_logprobs")
     if algo_cfg.use_kl_loss:
         fields.append("ref_logprobs")
-    if algo_cfg.tis_cap is not None:
+    if algo_cfg.tis_cap is not None and "rollout_logprobs" not in fields:
         fields.append("rollout_logprobs")
     why = {"ref_logprobs": "--algo.use-kl-loss", "rollout_logprobs": "--algo.tis-cap"}
     for key in fields:
@@ -189,7 +197,8 @@ def _micro_loss(
     r = logits.shape[1]
     logprob = token_logprobs(logits, inputs.labels, temperature=temperature)  # (m, r) float32
     mask = micro["response_mask"][:, :r]  # (m, r)
-    old = micro["old_logprobs"][:, :r]
+    on_policy = "old_logprobs" not in micro  # one update: the policy is its own old policy
+    old = logprob.detach() if on_policy else micro["old_logprobs"][:, :r]
     is_weights = None
     if algo_cfg.tis_cap is not None:  # truncated importance sampling: trainer vs rollout probabilities
         log_w = (old - micro["rollout_logprobs"][:, :r]).clamp(-20.0, 20.0)
@@ -213,6 +222,10 @@ def _micro_loss(
         "actor/entropy": masked_sum(ent.detach(), mask) / norms["num_tokens"],
     }
     metrics |= {f"actor/{k}": v.detach() * share for k, v in pg_metrics.items()}
+    if on_policy and "rollout_logprobs" in micro:  # the engine's log-probs vs these, as logprob_gap
+        gap = apply_mask((old - micro["rollout_logprobs"][:, :r]).abs(), mask)  # (m, r)
+        metrics["rollout/logprob_diff_mean"] = masked_sum(gap, mask) / norms["num_tokens"]
+        metrics["rollout/logprob_diff_max"] = gap.amax() if gap.numel() else gap.new_zeros(())
     if algo_cfg.use_kl_loss:
         kl = kl_estimate(logprob, micro["ref_logprobs"][:, :r], algo_cfg.kl_loss_kind)  # (m, r)
         kl_loss = aggregate(kl, mask, algo_cfg.loss_agg, **agg)
@@ -258,7 +271,8 @@ def _one_update(
         loss.backward()
         total = total + loss.detach()
         for key, value in metrics.items():
-            sums[key] = sums[key] + value if key in sums else value
+            combine = torch.maximum if key.endswith(MAX_SUFFIX) else torch.add
+            sums[key] = combine(sums[key], value) if key in sums else value
     bad = all_reduce((~torch.isfinite(total)).to(torch.float32), mesh)  # any rank non-finite
     grad_norm = _grad_norm(model, optim_cfg.grad_clip)
     ok = bool((torch.isfinite(grad_norm) & (bad == 0)).item())  # the one host sync of the update
@@ -274,6 +288,11 @@ def _one_update(
 
 def _iter_updates(batch: Batch, algo_cfg: AlgoConfig, mesh: DeviceMesh | None) -> Iterator[Batch]:
     minis = mini_batches(batch, algo_cfg.mini_batch_size, mesh)
+    if "old_logprobs" not in batch and (algo_cfg.ppo_epochs > 1 or len(minis) > 1):
+        raise ValueError(
+            "update_step: the batch has no field 'old_logprobs'; without it the update must be on-policy "
+            f"(ppo_epochs 1 and one mini-batch, got {algo_cfg.ppo_epochs} x {len(minis)})"
+        )
     for _ in range(algo_cfg.ppo_epochs):
         yield from minis
 
@@ -319,7 +338,8 @@ def update_step(
                 continue
             good, consecutive = good + 1, 0
             for key, value in sums.items():
-                summed[key] = summed[key] + value if key in summed else value
+                combine = torch.maximum if key.endswith(MAX_SUFFIX) else torch.add
+                summed[key] = combine(summed[key], value) if key in summed else value
     finally:
         state.model.train(was_training)
     metrics = dict.fromkeys(sorted(keys), float("nan")) | _finish_metrics(summed, good, mesh)
@@ -329,12 +349,17 @@ def update_step(
 
 def _finish_metrics(summed: dict[str, Tensor], good: int, mesh: DeviceMesh | None) -> dict[str, float]:
     """Sum the per-rank sums over ranks (one collective), divide by the good updates, floats once."""
-    keys = sorted(k for k in summed if k != "actor/grad_norm")
+    keys = sorted(k for k in summed if k != "actor/grad_norm" and not k.endswith(MAX_SUFFIX))
     stacked = torch.stack([summed[k] for k in keys]) if keys else torch.zeros(0)
     if mesh is not None and keys:  # every rank has the same keys: the skip decisions are global
         stacked = all_reduce(stacked.to(mesh.device_type), mesh).cpu()
     denom = float(good) if good else float("nan")
     values = dict(zip(keys, (stacked / denom).tolist(), strict=True))
+    for key in sorted(k for k in summed if k.endswith(MAX_SUFFIX)):  # maxima: over updates and ranks
+        top = summed[key]
+        if mesh is not None:
+            top = all_reduce(top.to(mesh.device_type), mesh, op="max").cpu()
+        values[key] = float(top)
     if "actor/grad_norm" in summed:
         values["actor/grad_norm"] = float(summed["actor/grad_norm"]) / denom
     return values

@@ -206,3 +206,29 @@ def test_activation_checkpointing_changes_nothing_but_memory(setup):
     assert m1 == pytest.approx(m2, abs=1e-12)
     for p, q in zip(plain.parameters(), checkpointed.parameters(), strict=True):
         torch.testing.assert_close(p, q, atol=1e-12, rtol=0)
+
+
+def test_on_policy_update_without_old_logprobs_equals_the_one_with_them(setup):
+    """One update per step: the update's own detached log-probs stand in for old_logprobs (the separate
+    no-grad pass the trainer skips), with the same weights and metrics, and it reports the rollout gap."""
+    base, batch = setup
+    from rlcore.models.forward import compute_logprobs
+
+    exact, _ = compute_logprobs(base, batch)  # the current policy's log-probs: ratio 1
+    with_old = batch.with_(old_logprobs=exact.double(), overwrite=True)
+    algo = AlgoConfig(micro_batch_size=4)
+    a, ma = update_step(_state(copy.deepcopy(base)), with_old, algo, OPTIM, horizon=HORIZON)
+    no_old = batch.select(*(k for k in batch.keys() if k != "old_logprobs"))  # noqa: SIM118
+    b, mb = update_step(_state(copy.deepcopy(base)), no_old, algo, OPTIM, horizon=HORIZON)
+    # the log-probs are float32 (token_logprobs): two passes differ in the last bits, no more
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/pg_clipfrac"):
+        assert mb[key] == pytest.approx(ma[key], abs=1e-6), key
+    for pa, pb in zip(a.model.parameters(), b.model.parameters(), strict=True):
+        torch.testing.assert_close(pa, pb, atol=1e-6, rtol=0)
+    mask = batch["response_mask"].bool()
+    gap = (exact.double() - batch["rollout_logprobs"]).abs()[mask]
+    assert mb["rollout/logprob_diff_mean"] == pytest.approx(float(gap.mean()), abs=1e-6)
+    assert mb["rollout/logprob_diff_max"] == pytest.approx(float(gap.max()), abs=1e-6)
+    with pytest.raises(ValueError, match="on-policy"):  # two epochs need the old policy's log-probs
+        update_step(_state(copy.deepcopy(base)), no_old, AlgoConfig(ppo_epochs=2),
+                    OPTIM, horizon=HORIZON)  # fmt: skip

@@ -329,6 +329,14 @@ def _fewest_rows(p: Pieces, rows: int) -> int:
     return int(n.item())
 
 
+def on_policy(cfg: Config) -> bool:
+    """One optimizer update per step (one epoch, one mini-batch) and no KL in the reward: the old policy
+    is the policy being updated, so its log-probs come from the update's forward (ratio 1, exactly as
+    with a separate pass) and the extra no-grad pass over the batch is skipped."""
+    a = cfg.algo
+    return a.ppo_epochs == 1 and a.mini_batch_size in (None, cfg.data.batch_size) and a.kl_coef == 0
+
+
 def learn(p: Pieces, step: int, batch: Batch) -> dict[str, torch.Tensor | float]:
     """Old/reference log-probs, values, advantages, then the critic and actor updates of one step."""
     from rlcore.update import update_step
@@ -336,10 +344,11 @@ def learn(p: Pieces, step: int, batch: Batch) -> dict[str, torch.Tensor | float]
     cfg, metrics = p.cfg, {}
     forward = {"temperature": cfg.rollout.temperature, "micro_batch_size": cfg.algo.micro_batch_size,
                "max_tokens": cfg.algo.max_tokens_per_micro_batch}  # fmt: skip
-    batch = logprob_step(p.state.model, batch, key="old_logprobs", **forward)
+    if not on_policy(cfg):  # else the update's own forward gives them (and the rollout gap)
+        batch = logprob_step(p.state.model, batch, key="old_logprobs", **forward)
+        metrics |= logprob_gap(batch, batch["old_logprobs"])  # rollout vs trainer log-probs
     if p.ref_model is not None:
         batch = logprob_step(p.ref_model, batch, key="ref_logprobs", **forward)
-    metrics |= logprob_gap(batch, batch["old_logprobs"])  # rollout vs trainer log-probs
     if p.critic is not None:
         from rlcore.critic import compute_values
 
