@@ -64,7 +64,7 @@ def point(args: list[str], steps: int, out: Path, ranks: int = 1) -> dict[str, f
     }
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if proc.returncode:
-        raise RuntimeError(f"{' '.join(args)}: {proc.stderr.strip().splitlines()[-1:]}")
+        raise RuntimeError(f"{' '.join(args)} (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     records = read_metrics(out / "metrics.jsonl")[1:]
     med = lambda key: statistics.median(r[key] for r in records)  # noqa: E731
     return {"step_s": med("timing/step_s"), "rollout_s": med("timing/rollout_s"), "update_s": med("timing/update_s"),
@@ -72,6 +72,8 @@ def point(args: list[str], steps: int, out: Path, ranks: int = 1) -> dict[str, f
 
 
 def sweep(name: str, values: list[int], make_args, steps: int, work: Path) -> None:
+    if not values:
+        return
     print(f"\n{name}")
     print("| value | s/step | rollout s | update s | x previous | response length |")
     print("|---|---|---|---|---|---|")
@@ -88,11 +90,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--only-ranks", action="store_true", help="the 1 vs 2 ranks table alone")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="rlcore-scaling-"))
     batches = [4, 8] if args.quick else [4, 8, 16, 32, 64]
     lengths = [8, 16] if args.quick else [8, 16, 32, 64, 128]
     steps = 2 if args.quick else args.steps
+    if args.only_ranks:
+        batches = lengths = []
     sweep("batch size (prompts x 8 samples, 16 new tokens)", batches,
           lambda b: ["--data.batch-size", str(b), "--rollout.max-tokens", "16"], steps, work)  # fmt: skip
     sweep("response length (16 prompts x 8 samples)", lengths,
