@@ -9,7 +9,8 @@ the shared signature, the argument order, the global normalisers and the departu
 
 `clip_cov` and `kl_cov` pick a data-dependent number of tokens, k = max(1, int(ratio * n_kept)),
 from batch-wide statistics. They do it without a host sync: every token gets a key, keys are ranked
-with a stable argsort of an argsort, and a token is picked when its rank is below k (a 0-dim tensor).
+with a stable argsort and its inverse permutation (a scatter), and a token is picked when its rank is below
+k (a 0-dim tensor).
 Their token selection is batch-global, so unlike the other losses they do not decompose over
 micro-batches. `clip_cov` draws its keys from the `generator` it is given; verl draws a `randperm`
 from the global RNG instead: the set picked differs, but it is, like verl's, a uniform sample of the
@@ -116,8 +117,9 @@ def _budget(mask: Tensor, ratio: float) -> Tensor:
 
 def _rank(key: Tensor, *, descending: bool) -> Tensor:
     """Each element's position in a stable sort of all elements of `key`; same shape as `key`."""
-    order = torch.argsort(key.reshape(-1), descending=descending, stable=True)
-    return torch.argsort(order, stable=True).reshape(key.shape)
+    order = torch.argsort(key.reshape(-1), descending=descending, stable=True)  # (n,)
+    positions = torch.arange(order.numel(), device=order.device)
+    return torch.empty_like(order).scatter(0, order, positions).reshape(key.shape)  # the inverse permutation
 
 
 def clip_cov(
