@@ -14,11 +14,11 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import shutil
-import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
 from rlcore.trainer import faults
+from rlcore.trainer.errors import StopRun
 
 LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, pickle.UnpicklingError)
 """What loading an unusable checkpoint raises (besides DCP's CheckpointException)."""
@@ -137,9 +137,8 @@ def _truncate_metrics(path: Path, step: int) -> None:
 
 
 def _fail(message: str) -> NoReturn:
-    """End the run as a user error: one line on stderr, exit code 2 (the loop's `finally` still closes)."""
-    print(f"error: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(2)
+    """End the run as a user error: `run()` prints one line and exits 2 (the loop's `finally` still closes)."""
+    raise StopRun(message)
 
 
 def _checkpoint_exception() -> type[BaseException]:

@@ -3,7 +3,7 @@
 Rank 0 alone writes and prints; other ranks get a logger whose methods do nothing. Every record also
 gets the process's memory: `perf/rss_mb` (resident now) and `perf/max_memory_mb` (peak resident so
 far, the kernel's high-water mark). A record that cannot be appended (disk full) ends the run with
-one `error:` line and exit code 2; a record torn by a crash mid-append is dropped when read back.
+one `error:` line and exit code 2 (`StopRun`); a record torn by a crash mid-append is dropped when read back.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from rlcore.trainer.errors import StopRun
 
 
 class MetricsLogger:
@@ -56,13 +58,10 @@ class MetricsLogger:
             with self.path.open("ab") as f:
                 f.write(orjson.dumps(record) + b"\n")
         except OSError as e:
-            print(
-                f"error: cannot append step {step} to {self.path} ({e.strerror}); free disk space or make "
-                f"{self.path.parent} writable, then rerun with --resume auto",
-                file=sys.stderr,
-                flush=True,
-            )
-            raise SystemExit(2) from None
+            raise StopRun(
+                f"cannot append step {step} to {self.path} ({e.strerror}); free disk space or make "
+                f"{self.path.parent} writable, then rerun with --resume auto"
+            ) from None
         if self._wandb is not None:
             self._wandb.log(metrics, step=step)
         if self.progress:

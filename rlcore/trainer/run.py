@@ -37,6 +37,7 @@ from rlcore.steps import (
     score_step,
 )
 from rlcore.trainer import checkpoints, faults
+from rlcore.trainer.errors import StopRun
 from rlcore.trainer.logger import MetricsLogger, read_metrics
 from rlcore.trainer.plots import plot_curves
 from rlcore.trainer.validation import validate_policy
@@ -75,6 +76,9 @@ def run(cfg: Config) -> int:
         return 2
     try:
         loop(pieces)
+    except StopRun as e:  # disk trouble, an unusable checkpoint: the user's to fix
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
     except TrainingDiverged as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
