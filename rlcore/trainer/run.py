@@ -404,9 +404,19 @@ def _check_bad_updates(p: Pieces, step: int, update_metrics: dict[str, float]) -
 
 
 def _finish(p: Pieces) -> None:
+    """out_dir/final (the HF directory) and curves.png; a full disk here is one line, exit 2."""
+    from safetensors import SafetensorError
+
     from rlcore.trainer.models import save_final
 
-    save_final(p)
-    if p.dist.rank == 0:
-        records = read_metrics(p.out_dir / "metrics.jsonl")
-        plot_curves(records, p.out_dir / "curves.png", title=f"{p.cfg.preset}: {p.cfg.model.path}")
+    try:
+        save_final(p)
+        if p.dist.rank == 0:
+            records = read_metrics(p.out_dir / "metrics.jsonl")
+            plot_curves(records, p.out_dir / "curves.png", title=f"{p.cfg.preset}: {p.cfg.model.path}")
+    except (OSError, SafetensorError) as e:
+        reason = getattr(e, "strerror", None) or str(e).splitlines()[0]
+        raise StopRun(
+            f"cannot write the final model or curves under {p.out_dir} ({reason}); free disk space, then "
+            f"rerun with --resume auto (training is done; checkpoints, if any, are intact)"
+        ) from None

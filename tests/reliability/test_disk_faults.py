@@ -100,3 +100,14 @@ def test_a_read_only_checkpoint_directory_keeps_the_previous_checkpoint(
     _assert_checkpoints_1_and_2_only(checkpoints)
     ok(launch.run([*RUN, "--resume", "auto"], out=tmp_path))
     assert_same_run(reference, tmp_path)
+
+
+def test_a_full_disk_while_writing_the_final_model_is_one_line(launch, tmp_path):
+    args = run_args(steps=1)
+    args[args.index("--trainer.save-every") + 1] = "0"  # no checkpoint: final/ is the first big write
+    full = launch.run(args, out=tmp_path, file_size_limit=1 << 20)  # model.safetensors is ~1.6 MB
+    line = _one_error_line(full)
+    assert line.startswith(f"error: cannot write the final model or curves under {tmp_path} ("), line
+    assert line.endswith("rerun with --resume auto (training is done; checkpoints, if any, are intact)")
+    ok(launch.run([*args, "--resume", "auto"], out=tmp_path))
+    assert (tmp_path / "final" / "model.safetensors").stat().st_size > 1 << 20
