@@ -54,11 +54,13 @@ from rlcore.models.policy import load_policy  # noqa: E402
 SETTINGS = {"prompts": 32, "n": 8, "max_tokens": 12, "lr": 1e-3, "micro_batch": 64}
 
 
-def prepare(work: Path, train_rows: int, val_rows: int) -> tuple[Path, Path, list[dict]]:
-    """The shared model directory and train parquet; the validation rows."""
+def prepare(
+    work: Path, train_rows: int, val_rows: int, model: str = "builtin:tiny-reverse"
+) -> tuple[Path, Path, list[dict]]:
+    """The shared model directory (of `model`, once per --work) and train parquet; the validation rows."""
     model_dir, train_file = work / "model", work / "reverse_train.parquet"
     if not (model_dir / "config.json").is_file():
-        model, tokenizer = load_policy("builtin:tiny-reverse")
+        model, tokenizer = load_policy(model)
         model.save_pretrained(model_dir)
         tokenizer.save_pretrained(model_dir)
     pq.write_table(pa.Table.from_pylist(generate_rows("reverse", "train", train_rows, seed=0)), train_file)
@@ -211,11 +213,19 @@ def main() -> None:
     parser.add_argument("--work", default="/work/scratch-trl/runs", help="shared inputs and run directories")
     parser.add_argument("--trl-python", default="/work/scratch-trl/venv/bin/python")
     parser.add_argument("--trainers", nargs="+", default=["rlcore", "trl"], choices=["rlcore", "trl"])
+    parser.add_argument(
+        "--max-tokens", type=int, default=SETTINGS["max_tokens"], help="new tokens per sample"
+    )
+    parser.add_argument(
+        "--model", default="builtin:tiny-reverse",
+        help="the starting model (builtin:tiny, random init, rarely stops: responses run to --max-tokens)",
+    )  # fmt: skip
     args = parser.parse_args()
+    SETTINGS["max_tokens"] = args.max_tokens
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
-    model_dir, train_file, val_rows = prepare(work, train_rows=2000, val_rows=64)
+    model_dir, train_file, val_rows = prepare(work, train_rows=2000, val_rows=64, model=args.model)
     print(f"settings {SETTINGS}, K={args.steps}, threads {args.threads}, load average {os.getloadavg()[0]:.1f}; "
           f"initial greedy val reward {evaluate(model_dir, val_rows, SETTINGS['max_tokens']):.3f}", flush=True)  # fmt: skip
     rows = []
