@@ -52,7 +52,9 @@ BUILTIN_MODELS: dict[str, BuiltinSpec] = {
     ),
     # `tiny` warm-started on the multi-turn `calc` task by experiments/warmstart_calc.py (weights in
     # rlcore/models/weights/tiny-calc/): it calls the calculator some of the time.
-    "tiny-calc": BuiltinSpec(hidden_size=96, intermediate_size=256, num_layers=4, num_heads=4, num_kv_heads=2),
+    "tiny-calc": BuiltinSpec(
+        hidden_size=96, intermediate_size=256, num_layers=4, num_heads=4, num_kv_heads=2
+    ),
 }
 
 
