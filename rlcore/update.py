@@ -166,6 +166,13 @@ MAX_SUFFIX = "_max"
 """Metrics whose name ends so are maxima (over micro-batches, updates and ranks), not averages."""
 
 
+def _accumulate(totals: dict[str, Tensor], metrics: dict[str, Tensor]) -> None:
+    """Add `metrics` into `totals` in place; `*_max` metrics keep their maximum instead."""
+    for key, value in metrics.items():
+        combine = torch.maximum if key.endswith(MAX_SUFFIX) else torch.add
+        totals[key] = combine(totals[key], value) if key in totals else value
+
+
 def _needed_fields(batch: Batch, algo_cfg: AlgoConfig) -> tuple[str, ...]:
     fields = [*SEQUENCE_FIELDS, "advantages"]
     if "old_logprobs" in batch:
@@ -270,9 +277,7 @@ def _one_update(
         loss, metrics = _micro_loss(model, micro, algo_cfg, norms, temperature)
         loss.backward()
         total = total + loss.detach()
-        for key, value in metrics.items():
-            combine = torch.maximum if key.endswith(MAX_SUFFIX) else torch.add
-            sums[key] = combine(sums[key], value) if key in sums else value
+        _accumulate(sums, metrics)
     bad = all_reduce((~torch.isfinite(total)).to(torch.float32), mesh)  # any rank non-finite
     grad_norm = _grad_norm(model, optim_cfg.grad_clip)
     ok = bool((torch.isfinite(grad_norm) & (bad == 0)).item())  # the one host sync of the update
@@ -337,9 +342,7 @@ def update_step(
                 bad, consecutive = bad + 1, consecutive + 1
                 continue
             good, consecutive = good + 1, 0
-            for key, value in sums.items():
-                combine = torch.maximum if key.endswith(MAX_SUFFIX) else torch.add
-                summed[key] = combine(summed[key], value) if key in summed else value
+            _accumulate(summed, sums)
     finally:
         state.model.train(was_training)
     metrics = dict.fromkeys(sorted(keys), float("nan")) | _finish_metrics(summed, good, mesh)

@@ -15,10 +15,10 @@ import dataclasses
 import pickle
 import shutil
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from rlcore.trainer import faults
-from rlcore.trainer.errors import StopRun
+from rlcore.trainer.errors import StopRun, reason
 
 LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, pickle.UnpicklingError)
 """What loading an unusable checkpoint raises (besides DCP's CheckpointException)."""
@@ -43,11 +43,11 @@ def save(p: Any, step: int) -> None:
     except (OSError, RuntimeError, _checkpoint_exception()) as e:
         for tmp in (root / f"step_{step}.tmp", root / "critic" / f"step_{step}.tmp"):
             shutil.rmtree(tmp, ignore_errors=True)
-        _fail(
-            f"cannot write checkpoint {root / f'step_{step}'} ({_reason(e)}; {_free_space(root)}). "
+        raise StopRun(
+            f"cannot write checkpoint {root / f'step_{step}'} ({reason(e)}; {_free_space(root)}). "
             f"The previous checkpoint ({_newest(root)}) is intact: free disk space or make {root} writable "
             "(or use another --out-dir), then rerun with --resume auto"
-        )
+        ) from None
     if p.dist.rank == 0:
         prune(root, p.cfg.trainer.keep_last)
         if p.critic is not None:
@@ -83,21 +83,21 @@ def maybe_resume(p: Any) -> int:
             _truncate_metrics(p.out_dir / "metrics.jsonl", -1)
         return 0
     if not path.is_dir():
-        _fail(
+        raise StopRun(
             f"--resume {resume}: no checkpoint at {path}; use auto, none, or a checkpoints/step_<N> directory"
         )
     if not (path / COMPLETE).is_file():
-        _fail(
+        raise StopRun(
             f"--resume {resume}: {path} is not a complete checkpoint (no {COMPLETE} file); give a "
             "checkpoints/step_<N> directory written by a finished save, or auto, or none"
         )
     try:
         extra = _load(p, path)
     except (*LOAD_ERRORS, _checkpoint_exception()) as e:
-        _fail(
-            f"--resume {resume}: checkpoint {path} cannot be loaded ({_reason(e)}); it was written by another "
+        raise StopRun(
+            f"--resume {resume}: checkpoint {path} cannot be loaded ({reason(e)}); it was written by another "
             "model/data setup or is damaged: delete it to resume from the one before, or use --resume none"
-        )
+        ) from None
     if p.dist.rank == 0:
         _truncate_metrics(p.out_dir / "metrics.jsonl", extra["step"])
     return int(extra["step"])
@@ -136,26 +136,10 @@ def _truncate_metrics(path: Path, step: int) -> None:
 # ---------------------------------------------------------------- errors
 
 
-def _fail(message: str) -> NoReturn:
-    """End the run as a user error: `run()` prints one line and exits 2 (the loop's `finally` still closes)."""
-    raise StopRun(message)
-
-
 def _checkpoint_exception() -> type[BaseException]:
     from torch.distributed.checkpoint.api import CheckpointException
 
     return CheckpointException
-
-
-def _reason(e: BaseException) -> str:
-    """One line on what failed; DCP wraps each rank's exception, so unwrap the first one."""
-    failures = getattr(e, "failures", None)
-    if failures:
-        e = next(iter(failures.values()))[0]
-    if isinstance(e, OSError) and e.strerror:
-        return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    return f"{type(e).__name__}: {lines[0] if lines else '(no message)'}"
 
 
 def _free_space(root: Path) -> str:

@@ -37,7 +37,7 @@ from rlcore.steps import (
     score_step,
 )
 from rlcore.trainer import checkpoints, faults
-from rlcore.trainer.errors import StopRun
+from rlcore.trainer.errors import StopRun, reason
 from rlcore.trainer.logger import MetricsLogger, read_metrics
 from rlcore.trainer.plots import plot_curves
 from rlcore.trainer.validation import validate_policy
@@ -324,13 +324,9 @@ def train_step(p: Pieces, step: int) -> dict[str, float]:
 def _fewest_rows(p: Pieces, rows: int) -> int:
     """The smallest batch over the ranks (whole groups of n rows): the update, a collective, needs every
     rank to hold as many groups; the groups a rank kept beyond it are dropped."""
-    if p.dist.world_size == 1:
-        return rows
-    import torch.distributed as torch_dist
+    from rlcore.dist.reduce import all_reduce_int
 
-    n = torch.tensor([rows], device=p.dist.device)
-    torch_dist.all_reduce(n, op=torch_dist.ReduceOp.MIN)
-    return int(n.item())
+    return all_reduce_int(rows, p.mesh, op="min")
 
 
 def on_policy(cfg: Config) -> bool:
@@ -415,8 +411,7 @@ def _finish(p: Pieces) -> None:
             records = read_metrics(p.out_dir / "metrics.jsonl")
             plot_curves(records, p.out_dir / "curves.png", title=f"{p.cfg.preset}: {p.cfg.model.path}")
     except (OSError, SafetensorError) as e:
-        reason = getattr(e, "strerror", None) or str(e).splitlines()[0]
         raise StopRun(
-            f"cannot write the final model or curves under {p.out_dir} ({reason}); free disk space, then "
+            f"cannot write the final model or curves under {p.out_dir} ({reason(e)}); free disk space, then "
             f"rerun with --resume auto (training is done; checkpoints, if any, are intact)"
         ) from None
