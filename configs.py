@@ -139,6 +139,10 @@ class AlgoConfig:
     """Samples per forward/backward (gradient accumulation inside a mini-batch)."""
     max_tokens_per_micro_batch: int | None = None
     """Token-budget dynamic batching: pack samples up to this many tokens (overrides micro_batch_size)."""
+    share_prompts: bool = True
+    """Compute each prompt once for all its samples in the log-prob and update forwards (packed
+    sequences with a 4D mask; same log-probs and gradients to rounding), where a FLOP estimate says
+    it is cheaper. sdpa and eager attention only; other implementations run unpacked."""
     dynamic_sampling: bool = False
     """DAPO: drop groups whose rewards are all equal and sample more until the batch is full."""
     max_sampling_rounds: int = 3

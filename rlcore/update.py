@@ -47,8 +47,8 @@ from rlcore.dist.reduce import all_reduce, mesh_size
 from rlcore.models.forward import (
     SEQUENCE_FIELDS,
     aligned_micro_batches,
+    model_inputs,
     response_logits,
-    sequence_tensors,
     token_entropy,
 )
 from rlcore.pure.kl import kl_estimate
@@ -199,7 +199,7 @@ def _micro_loss(
     temperature: float,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """This micro-batch's share of the mini-batch loss and its (local) metric sums."""
-    inputs = sequence_tensors(micro)
+    inputs = model_inputs(model, micro, share_prompts=algo_cfg.share_prompts)
     logits = response_logits(model, inputs)  # (m, r, v)
     r = logits.shape[1]
     logprob = token_logprobs(logits, inputs.labels, temperature=temperature)  # (m, r) float32

@@ -16,6 +16,8 @@ micro-batches of 64 completions, KL off (rlcore --algo.kl-coef 0 and no KL loss;
 normalised advantages, PPO clip 0.2 (inactive: one update per batch keeps the ratio at 1), token-mean
 loss over the step's batch (rlcore --algo.loss-agg token-mean = TRL loss_type "dapo"). Each trainer runs
 in its own subprocess and venv, one at a time, with the same OMP_NUM_THREADS (--threads).
+rlcore runs with its defaults otherwise, so its training forward computes each prompt once for its 8
+samples (--algo.share-prompts); `--trainers rlcore rlcore-unshared trl` adds rlcore without that.
 
 Measured: median seconds per step (rlcore timing/step_s; TRL on_step_begin -> on_step_end), tokens/s =
 prompt + completion tokens of all steps / the sum of their step times (both count every sampled row's
@@ -89,7 +91,9 @@ def launch(cmd: list[str], out: Path, threads: int) -> tuple[float, float]:
     return wall, (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
 
 
-def run_rlcore(model_dir: Path, train_file: Path, out: Path, steps: int, seed: int, threads: int) -> dict:
+def run_rlcore(
+    model_dir: Path, train_file: Path, out: Path, steps: int, seed: int, threads: int, *, share: bool = True
+) -> dict:
     s = SETTINGS
     cmd = [
         str(ROOT / ".venv/bin/python"), str(ROOT / "train.py"), "grpo",
@@ -102,6 +106,8 @@ def run_rlcore(model_dir: Path, train_file: Path, out: Path, steps: int, seed: i
         "--trainer.steps", str(steps), "--trainer.val-every", "0", "--trainer.seed", str(seed),
         "--trainer.device", "cpu", "--out-dir", str(out), "--resume", "none",
     ]  # fmt: skip
+    if not share:  # each sample's prompt computed on its own, as TRL does
+        cmd.append("--algo.no-share-prompts")
     wall, cpu = launch(cmd, out, threads)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     records = [r for r in records if "timing/step_s" in r]
@@ -188,14 +194,14 @@ def report(rows: list[dict], trainers: list[str]) -> None:
         val = statistics.mean(statistics.mean(r["val_reward"] for r in rs if r["seed"] == s) for s in seeds)
         print(f"| {t} | {statistics.median(r['median_step_s'] for r in rs):.3f} "
               f"| {statistics.median(r['tokens_per_s'] for r in rs):.0f} | {val:.3f} |")  # fmt: skip
-    if len(by) == 2 and all(by.values()):
-        med = {t: statistics.median(r["median_step_s"] for r in by[t]) for t in by}
+    med = {t: statistics.median(r["median_step_s"] for r in by[t]) for t in by if by[t]}
+    for t in [t for t in med if t != "trl" and "trl" in med]:
         pairs = [
             a["median_step_s"] / b["median_step_s"]
-            for a, b in zip(by["trl"], by["rlcore"], strict=True)  # runs launched back to back
+            for a, b in zip(by["trl"], by[t], strict=True)  # runs launched back to back
         ]
         print(
-            f"\nsteps/s rlcore / TRL: {med['trl'] / med['rlcore']:.2f}x (medians over all runs); "
+            f"\nsteps/s {t} / TRL: {med['trl'] / med[t]:.2f}x (medians over all runs); "
             f"back-to-back pairs: median {statistics.median(pairs):.2f}x, range {min(pairs):.2f}-{max(pairs):.2f}x"
         )
 
@@ -212,7 +218,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of both trainers")
     parser.add_argument("--work", default="/work/scratch-trl/runs", help="shared inputs and run directories")
     parser.add_argument("--trl-python", default="/work/scratch-trl/venv/bin/python")
-    parser.add_argument("--trainers", nargs="+", default=["rlcore", "trl"], choices=["rlcore", "trl"])
+    parser.add_argument(
+        "--trainers",
+        nargs="+",
+        default=["rlcore", "trl"],
+        choices=["rlcore", "trl", "rlcore-unshared"],
+        help="rlcore-unshared: rlcore with --algo.no-share-prompts (every sample's prompt computed alone)",
+    )
     parser.add_argument(
         "--max-tokens", type=int, default=SETTINGS["max_tokens"], help="new tokens per sample"
     )
@@ -233,8 +245,9 @@ def main() -> None:
         for repeat in range(args.repeats):
             for name in args.trainers:
                 out = work / f"{name}-seed{seed}-run{repeat}"
-                if name == "rlcore":
-                    res = run_rlcore(model_dir, train_file, out, args.steps, seed, args.threads)
+                if name.startswith("rlcore"):
+                    share = name == "rlcore"
+                    res = run_rlcore(model_dir, train_file, out, args.steps, seed, args.threads, share=share)
                 else:
                     res = run_trl(args.trl_python, model_dir, train_file, out, args.steps, seed, args.threads)
                 res["val_reward"] = evaluate(res["final"], val_rows, SETTINGS["max_tokens"])

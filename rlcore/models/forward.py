@@ -2,7 +2,7 @@
 
     old, ent = compute_logprobs(model, batch, temperature=1.0, max_tokens=8192, with_entropy=True)
     for micro, rows in micro_batches(batch, max_tokens=8192):   # the update's gradient pass
-        inputs = sequence_tensors(micro)
+        inputs = model_inputs(model, micro, share_prompts=True)  # plain rows, or one row per prompt
         logits = response_logits(model, inputs)                 # (m, r, v), model dtype
         logprob = token_logprobs(logits, inputs.labels)          # (m, r) float32
 
@@ -18,6 +18,12 @@ With token-budget dynamic batching (`max_tokens`), rows are sorted by length and
 that rows x trimmed width stays within the budget; outputs are written back through the row
 indices, so the caller sees the original order. Packed varlen sequences (flash-attention) are not
 implemented: trimming works with every attention implementation, CPU included.
+
+Shared prompts (`share_prompts`, see `rlcore.models.shared_prompt`): where the rows of a micro-batch
+repeat a prompt (GRPO's n samples), the forward can run one packed sequence per prompt, the prompt
+computed once, with a 4D mask (sdpa or eager attention); `response_logits` gathers each row's
+logits back, so callers see (m, r, v) either way. Token-budget batching sorts rows by length, which
+can separate a prompt's samples; sharing then applies to those that stay together.
 
 Memory: logits exist for one micro-batch at a time, in the model's dtype, response positions only
 (the token budget bounds them: budget x vocab); log-probs and entropies never make a second full
@@ -35,6 +41,7 @@ from torch.utils.checkpoint import checkpoint
 from rlcore.batch import Batch
 from rlcore.dist.fsdp import model_mesh
 from rlcore.dist.reduce import all_reduce_int
+from rlcore.models.shared_prompt import pack_rows, packed_shape, prompt_groups, worth_packing
 from rlcore.pure.logprobs import token_logprobs
 from rlcore.pure.losses import entropy as _entropy
 
@@ -46,16 +53,20 @@ SEQUENCE_FIELDS = ("input_ids", "attention_mask", "responses", "response_attenti
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelInputs:
-    """Trimmed model inputs of one micro-batch (m rows, s = p' + r columns)."""
+    """Trimmed model inputs of one micro-batch (m rows, s = p' + r columns), plain or prompt-packed."""
 
     input_ids: Tensor
-    """(m, s) long: trimmed prompt followed by the trimmed response."""
+    """(m, s) long: trimmed prompt followed by the trimmed response; packed: (G, L), one row per prompt."""
     attention_mask: Tensor
-    """(m, s) long: 1 on real tokens."""
+    """(m, s) long: 1 on real tokens; packed: (G, 1, L, L) bool, True where a query may see a key."""
     position_ids: Tensor
-    """(m, s) long: cumsum(attention_mask) - 1, clamped at 0."""
+    """(m, s) long: cumsum(attention_mask) - 1, clamped at 0; packed: (G, L), restarting per response."""
     labels: Tensor
     """(m, r) long: the response tokens whose log-probs the last r + 1 logits predict."""
+    gather: Tensor | None = None
+    """Packed only: (m, r) indices into the flattened kept logits, the position predicting each token."""
+    keep: int = 0
+    """Packed only: `logits_to_keep` of the packed forward."""
 
 
 def _row_lengths(batch: Batch) -> tuple[Tensor, Tensor]:
@@ -67,34 +78,88 @@ def _row_lengths(batch: Batch) -> tuple[Tensor, Tensor]:
     return prompt, response  # (b,), (b,)
 
 
-def sequence_tensors(batch: Batch) -> ModelInputs:
-    """Model inputs for `batch`'s rows, trimmed to the columns some row uses (see the module docstring)."""
+def _trimmed(batch: Batch) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(prompt ids, prompt attention, responses, response attention), cut to the columns some row uses."""
     attn_p = batch["attention_mask"].long()  # (m, p)
     attn_r = batch["response_attention"].long()  # (m, t)
     prompt_used = attn_p.any(dim=0)  # (p,)
     first = int(torch.argmax(prompt_used.int()).item()) if bool(prompt_used.any()) else attn_p.shape[1] - 1
     response_used = attn_r.any(dim=0)  # (t,)
     width = int(response_used.nonzero().max().item()) + 1 if bool(response_used.any()) else 0
-    responses = batch["responses"][:, :width]  # (m, r)
-    input_ids = torch.cat([batch["input_ids"][:, first:], responses], dim=1)  # (m, s)
-    attention = torch.cat([attn_p[:, first:], attn_r[:, :width]], dim=1)  # (m, s)
+    return batch["input_ids"][:, first:], attn_p[:, first:], batch["responses"][:, :width], attn_r[:, :width]
+
+
+def sequence_tensors(batch: Batch) -> ModelInputs:
+    """Model inputs for `batch`'s rows, trimmed to the columns some row uses (see the module docstring)."""
+    ids_p, attn_p, responses, attn_r = _trimmed(batch)
+    input_ids = torch.cat([ids_p, responses], dim=1)  # (m, s)
+    attention = torch.cat([attn_p, attn_r], dim=1)  # (m, s)
     position_ids = (attention.cumsum(dim=-1) - 1).clamp(min=0)  # (m, s)
     return ModelInputs(
         input_ids=input_ids, attention_mask=attention, position_ids=position_ids, labels=responses
     )
 
 
+def _packable_hidden(model: nn.Module) -> int | None:
+    """The hidden size when `model` takes a custom 4D mask (sdpa or eager attention), else None."""
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) not in ("sdpa", "eager"):
+        return None
+    return getattr(config, "hidden_size", None)
+
+
+def model_inputs(model: nn.Module, batch: Batch, *, share_prompts: bool = False) -> ModelInputs:
+    """`sequence_tensors(batch)`, or with `share_prompts` the prompt-packed inputs where they are cheaper.
+
+    Packing applies when some prompt repeats in `batch`, the model takes a 4D mask, and
+    `shared_prompt.worth_packing` says so; the log-probs are the same either way (to rounding).
+    """
+    hidden = _packable_hidden(model) if share_prompts else None
+    ids_p, attn_p, responses, attn_r = _trimmed(batch)
+    if hidden is not None and len(batch) > 1 and attn_p[:, -1].all():
+        group = prompt_groups(ids_p, attn_p)
+        count, width = packed_shape(group, attn_r, ids_p.shape[1])
+        if count < len(batch) and worth_packing(
+            len(batch), ids_p.shape[1] + attn_r.shape[1], count, width, hidden
+        ):
+            ids, allowed, pos, gather = pack_rows(ids_p, attn_p, responses, attn_r, group)
+            return ModelInputs(
+                input_ids=ids, attention_mask=allowed, position_ids=pos, labels=responses,
+                gather=gather, keep=width - ids_p.shape[1] + 1,
+            )  # fmt: skip
+    return sequence_tensors(batch)
+
+
+def _additive(allowed: Tensor, dtype: torch.dtype) -> Tensor:
+    """A bool mask as eager attention's additive float mask (0 where allowed, dtype min elsewhere)."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+        ~allowed, torch.finfo(dtype).min
+    )
+
+
 def response_logits(model: nn.Module, inputs: ModelInputs) -> Tensor:
     """Logits predicting each response token: (m, r, v) in the model's output dtype."""
     width = inputs.labels.shape[1]
+    if inputs.gather is None:
+        out = model(
+            input_ids=inputs.input_ids,
+            attention_mask=inputs.attention_mask,
+            position_ids=inputs.position_ids,
+            use_cache=False,
+            logits_to_keep=width + 1,  # the last prompt position predicts the first response token
+        )
+        return out.logits[:, :-1]  # (m, r, v)
+    mask = inputs.attention_mask
+    if model.config._attn_implementation == "eager":
+        mask = _additive(mask, next(model.parameters()).dtype)
     out = model(
         input_ids=inputs.input_ids,
-        attention_mask=inputs.attention_mask,
+        attention_mask=mask,
         position_ids=inputs.position_ids,
         use_cache=False,
-        logits_to_keep=width + 1,  # the last prompt position predicts the first response token
+        logits_to_keep=inputs.keep,
     )
-    return out.logits[:, :-1]  # (m, r, v)
+    return out.logits.reshape(-1, out.logits.shape[-1])[inputs.gather]  # (m, r, v)
 
 
 def _scaled_entropy(logits: Tensor, temperature: float) -> Tensor:
@@ -211,6 +276,7 @@ def compute_logprobs(
     micro_batch_size: int | None = None,
     max_tokens: int | None = None,
     with_entropy: bool = False,
+    share_prompts: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropies) of `batch`'s responses under `model`: ((b, t) float32, (b, t) | None).
 
@@ -227,7 +293,7 @@ def compute_logprobs(
         work, model_mesh(model), micro_batch_size=micro_batch_size, max_tokens=max_tokens
     )
     for micro, rows in pieces:
-        inputs = sequence_tensors(micro)
+        inputs = model_inputs(model, micro, share_prompts=share_prompts)
         logits = response_logits(model, inputs)  # (m, r, v)
         r, k = logits.shape[1], len(rows)
         rows = rows.to(mask.device)

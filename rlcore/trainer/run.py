@@ -343,7 +343,7 @@ def learn(p: Pieces, step: int, batch: Batch) -> dict[str, torch.Tensor | float]
 
     cfg, metrics = p.cfg, {}
     forward = {"temperature": cfg.rollout.temperature, "micro_batch_size": cfg.algo.micro_batch_size,
-               "max_tokens": cfg.algo.max_tokens_per_micro_batch}  # fmt: skip
+               "max_tokens": cfg.algo.max_tokens_per_micro_batch, "share_prompts": cfg.algo.share_prompts}  # fmt: skip
     if not on_policy(cfg):  # else the update's own forward gives them (and the rollout gap)
         batch = logprob_step(p.state.model, batch, key="old_logprobs", **forward)
         metrics |= logprob_gap(batch, batch["old_logprobs"])  # rollout vs trainer log-probs
