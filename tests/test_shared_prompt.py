@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from configs import AlgoConfig, OptimConfig
 from rlcore.models import load_policy
-from rlcore.models.forward import compute_logprobs, model_inputs
+from rlcore.models.forward import compute_logprobs, micro_batches, model_inputs
 from rlcore.models.shared_prompt import pack_rows, prompt_groups, worth_packing
 from rlcore.update import TrainState, build_optimizer, build_scheduler, update_step
 from tests.dist.rollouts import fake_rollout
@@ -126,7 +126,9 @@ def test_update_with_shared_prompts_takes_the_same_step(model64):
         algo = AlgoConfig(micro_batch_size=7, share_prompts=share)
         update_step(state, batch, algo, optim, horizon=8)
         after.append([p.detach().clone() for p in model.parameters()])
-    moved = max(float((p - q.detach()).abs().max()) for p, q in zip(after[0], model64.parameters(), strict=True))
+    moved = max(
+        float((p - q.detach()).abs().max()) for p, q in zip(after[0], model64.parameters(), strict=True)
+    )
     assert moved > 1e-3  # the step did something
     # Hugging Face's RMSNorm computes in float32 even in a float64 model, so gradients agree to float32
     # rounding only: the packed prompt's gradient is summed before that rounding, the plain one after
@@ -139,3 +141,20 @@ def test_prompt_groups_compare_real_tokens_only():
     attn = torch.tensor([[0, 1, 1], [0, 1, 1], [0, 1, 1]])
     group = prompt_groups(ids, attn)
     assert group[0] == group[1] != group[2]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    prompts=st.integers(1, 6), n=st.integers(1, 5), budget=st.integers(1, 200), seed=st.integers(0, 10_000)
+)
+def test_token_budget_keeps_a_prompts_samples_together(prompts, n, budget, seed):
+    batch = fake_rollout(prompts, n, max_prompt=9, max_response=14, seed=seed)
+    order = [int(i) for _, rows in micro_batches(batch, max_tokens=budget) for i in rows]
+    assert sorted(order) == list(range(len(batch)))
+    uids = [batch["uid"][i] for i in order]
+    runs = [u for j, u in enumerate(uids) if j == 0 or uids[j - 1] != u]
+    assert len(runs) == len(set(uids))  # each prompt's rows form one run
+    # groups come longest first (by their longest row)
+    total = (batch["attention_mask"].sum(1) + batch["response_attention"].sum(1)).tolist()
+    longest = [max(total[i] for i in range(len(batch)) if batch["uid"][i] == u) for u in runs]
+    assert longest == sorted(longest, reverse=True)

@@ -14,16 +14,15 @@ response_attention` and position ids `cumsum(attention) - 1` clamped at 0 (verl'
 Padding removal is by trimming: a micro-batch keeps only the prompt columns and response columns
 some row of it uses (left-padded prompts lose their leading all-pad columns, responses their
 trailing ones), and the model computes logits only for the response positions (`logits_to_keep`).
-With token-budget dynamic batching (`max_tokens`), rows are sorted by length and packed greedily so
-that rows x trimmed width stays within the budget; outputs are written back through the row
+With token-budget dynamic batching (`max_tokens`), rows are sorted by length (a prompt's samples
+kept together) and packed greedily so that rows x trimmed width stays within the budget; outputs are written back through the row
 indices, so the caller sees the original order. Packed varlen sequences (flash-attention) are not
 implemented: trimming works with every attention implementation, CPU included.
 
 Shared prompts (`share_prompts`, see `rlcore.models.shared_prompt`): where the rows of a micro-batch
 repeat a prompt (GRPO's n samples), the forward can run one packed sequence per prompt, the prompt
 computed once, with a 4D mask (sdpa or eager attention); `response_logits` gathers each row's
-logits back, so callers see (m, r, v) either way. Token-budget batching sorts rows by length, which
-can separate a prompt's samples; sharing then applies to those that stay together.
+logits back, so callers see (m, r, v) either way.
 
 Memory: logits exist for one micro-batch at a time, in the model's dtype, response positions only
 (the token budget bounds them: budget x vocab); log-probs and entropies never make a second full
@@ -201,13 +200,21 @@ def _split_rows(rows: list[Tensor], count: int) -> list[Tensor]:
     return rows
 
 
-def _token_budget_groups(prompt: Tensor, response: Tensor, max_tokens: int) -> list[Tensor]:
-    """Rows sorted by length (longest first), packed while rows x (max prompt + max response) <= budget."""
-    order = torch.argsort(prompt + response, descending=True, stable=True).tolist()
+def _budget_order(prompt: Tensor, response: Tensor, group: Tensor) -> list[int]:
+    """Rows by their prompt group's longest row (longest first), a group's rows together, longest first."""
+    total = prompt + response  # (b,)
+    longest = torch.zeros(int(group.max()) + 1, dtype=total.dtype).scatter_reduce(0, group, total, "amax")
+    order = torch.argsort(total, descending=True, stable=True)
+    order = order[torch.argsort(group[order], stable=True)]
+    return order[torch.argsort(longest[group[order]], descending=True, stable=True)].tolist()
+
+
+def _token_budget_groups(prompt: Tensor, response: Tensor, group: Tensor, max_tokens: int) -> list[Tensor]:
+    """Rows in `_budget_order`, packed while rows x (max prompt + max response) <= budget."""
     groups: list[list[int]] = []
     cur: list[int] = []
     max_p = max_r = 0
-    for i in order:
+    for i in _budget_order(prompt, response, group):
         p, r = int(prompt[i]), int(response[i])
         new_p, new_r = max(max_p, p), max(max_r, r)
         if cur and (len(cur) + 1) * (new_p + new_r) > max_tokens:
@@ -226,7 +233,8 @@ def micro_batches(
     """Split `batch` into micro-batches: a list of (micro Batch, row indices into `batch`).
 
     `max_tokens` (token-budget dynamic batching, takes precedence): rows sorted by length, longest
-    first, and packed greedily while rows x trimmed width (prompt + response columns) <= max_tokens;
+    first, the samples of one prompt kept together (sorted by their longest, for shared-prompt
+    packing), and packed greedily while rows x trimmed width (prompt + response columns) <= max_tokens;
     a row longer than the budget goes alone. Else `micro_batch_size` consecutive rows; else one piece.
     `min_count`: split the largest pieces until there are at least that many (all ranks must run as
     many passes under FSDP); if the rows run out, padding pieces follow: one copy of row 0 with
@@ -239,7 +247,8 @@ def micro_batches(
     if max_tokens is not None:
         if max_tokens < 1:
             raise ValueError(f"max_tokens_per_micro_batch must be >= 1, got {max_tokens}")
-        rows = _token_budget_groups(*_row_lengths(batch), max_tokens)
+        group = prompt_groups(batch["input_ids"], batch["attention_mask"]).cpu()
+        rows = _token_budget_groups(*_row_lengths(batch), group, max_tokens)
     elif micro_batch_size is not None:
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
