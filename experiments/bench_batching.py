@@ -43,7 +43,7 @@ from rlcore.models.forward import compute_logprobs, micro_batches, response_logi
 from rlcore.pure.logprobs import token_logprobs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import matmul_gflops, median_time
+from benchlib import matmul_gflops, median_time, rollout
 
 # ---------------------------------------------------------------- data
 
@@ -66,15 +66,7 @@ def rollout_batch(
     input_ids = torch.randint(7, vocab, (b, p), generator=gen) * attention_mask
     response_attention = (torch.arange(max_tokens) < r_len[:, None]).float()  # (b, t): padded to max_tokens
     responses = torch.randint(7, vocab, (b, max_tokens), generator=gen) * response_attention.long()
-    return Batch.from_dict(
-        {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "responses": responses,
-            "response_attention": response_attention,
-            "response_mask": response_attention,
-        }
-    )
+    return rollout(input_ids, attention_mask, responses, response_attention)
 
 
 # ---------------------------------------------------------------- the two paths

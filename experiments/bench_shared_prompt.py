@@ -32,7 +32,7 @@ from rlcore.models.forward import micro_batches, model_inputs, response_logits
 from rlcore.pure.logprobs import token_logprobs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import matmul_gflops, median_time
+from benchlib import matmul_gflops, median_time, rollout
 
 # (model, prompts, n, prompt lengths, response median, response cap, micro-batch rows or token budget)
 CASES = {
@@ -56,15 +56,7 @@ def grouped_batch(prompts: int, n: int, p_range: tuple[int, int], median: int, c
     t = int(r_len.max())
     response_attention = (torch.arange(t) < r_len[:, None]).float()
     responses = torch.randint(7, vocab, (b, t), generator=g) * response_attention.long()
-    return Batch.from_dict(
-        {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "responses": responses,
-            "response_attention": response_attention,
-            "response_mask": response_attention,
-        }
-    )
+    return rollout(input_ids, attention_mask, responses, response_attention)
 
 
 def floors(model, batch: Batch, n: int) -> tuple[float, float]:
@@ -72,9 +64,7 @@ def floors(model, batch: Batch, n: int) -> tuple[float, float]:
     cfg = model.config
     layer_params = sum(q.numel() for layer in model.model.layers for q in layer.parameters())
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    att = (
-        cfg.num_hidden_layers * 2 * cfg.num_attention_heads * head_dim
-    )  # per (query, key) pair, both products
+    att = cfg.num_hidden_layers * 2 * cfg.num_attention_heads * head_dim  # per query-key pair
     p = batch["attention_mask"].sum(-1).double()
     r = batch["response_attention"].sum(-1).double()
     lm_head = 2 * cfg.hidden_size * cfg.vocab_size * r.sum()

@@ -24,3 +24,18 @@ def matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
     """fp32 matmul throughput, GFLOP/s, on an n^3 product (2 n^3 FLOPs)."""
     a, b = torch.randn(n, n), torch.randn(n, n)
     return 2 * n**3 / median_time(lambda: a @ b, repeats) / 1e9
+
+
+def rollout(input_ids, attention_mask, responses, response_attention):
+    """A rolled-out `rlcore.batch.Batch` of these tensors, every attended response token trained on."""
+    from rlcore.batch import Batch  # here: vs_verl_math imports this module where only rlcore.pure is
+
+    return Batch.from_dict(
+        {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "responses": responses,
+            "response_attention": response_attention,
+            "response_mask": response_attention,
+        }
+    )
