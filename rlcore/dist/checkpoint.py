@@ -14,7 +14,8 @@ world size, one process included), `extra.json` (the JSON-able extras, written b
 through `rlcore.dist.safe_dcp` (an allow-list unpickler for DCP's index, `weights_only` for its values).
 Atomicity: everything is written into `step_<N>.tmp/`; after every rank is done, rank 0 writes
 `COMPLETE` and renames the directory to `step_<N>/`. A crash leaves at most a `.tmp` directory,
-which `latest_checkpoint` ignores and `prune` removes.
+which `latest_checkpoint` ignores and `prune` removes. The ranks agree after each phase (prepare,
+write, commit): an error on one rank raises on all of them, so none waits for a rank that gave up.
 """
 
 from __future__ import annotations
@@ -65,9 +66,29 @@ def _quiet_single_process():
         yield
 
 
-def _barrier() -> None:
+def _together(phase: Callable[[], None]) -> None:
+    """Run `phase` on this rank, then wait for every rank and agree on failure (a barrier that carries
+    errors): if `phase` raised anywhere, every rank raises, the failing one its own error and the others
+    an OSError naming it. Without it, a rank that fails alone (its disk full) would leave the others
+    waiting at the next collective forever."""
+    error: Exception | None = None
+    try:
+        phase()
+    except Exception as e:  # re-raised below, after the ranks have agreed
+        error = e
     if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+        said: list[tuple[int | None, str] | None] = [None] * dist.get_world_size()
+        mine = None
+        if error is not None:
+            code = getattr(error, "errno", None)
+            mine = (code, error.strerror) if code else (None, f"{type(error).__name__}: {error}")
+        dist.all_gather_object(said, mine)
+        failed = [(r, m) for r, m in enumerate(said) if m is not None]
+        if error is None and failed:
+            rank, (code, message) = failed[0]
+            raise OSError(code, f"{message} (on rank {rank})") if code else OSError(f"rank {rank}: {message}")
+    if error is not None:
+        raise error
 
 
 def _fsync_dir(path: Path) -> None:
@@ -92,40 +113,46 @@ def save_checkpoint(
 
     `extra` must be JSON-able (step, scheduler state, data cursor, ...); `tensors` is this rank's
     flat dict of tensors (e.g. `rng_state()`). An existing `step_<step>/` is replaced.
-    `before_commit` runs with everything written to `step_<step>.tmp/` but not yet renamed
-    (fault-injection tests kill the process there).
+    `before_commit` runs on every rank with its files written to `step_<step>.tmp/`, before the ranks
+    agree to commit (fault-injection tests kill the process or fail the save there).
     """
     root = Path(directory)
     final, tmp = root / f"step_{step}", root / f"step_{step}.tmp"
     text = json.dumps(dict(extra or {}), indent=1, sort_keys=True)  # fail early, on every rank
-    if _rank() == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    _barrier()
-    with _quiet_single_process():
-        if optimizer is None:
-            state = {"model": get_model_state_dict(model)}
-        else:
-            model_sd, optim_sd = get_state_dict(model, optimizer)
-            state = {"model": model_sd, "optim": optim_sd}
-        dcp.save(state, checkpoint_id=tmp / "dcp", no_dist=_no_dist())
-    if tensors:
-        torch.save({k: v.detach().cpu() for k, v in tensors.items()}, tmp / f"tensors_rank{_rank()}.pt")
-    _barrier()
-    if before_commit is not None:
-        before_commit()
-    if _rank() == 0:
-        (tmp / "extra.json").write_text(text)
-        with open(tmp / COMPLETE, "w") as f:
-            f.write(json.dumps({"step": step}))
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync_dir(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-        _fsync_dir(root)
-    _barrier()
+
+    def prepare() -> None:
+        if _rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+
+    def write() -> None:
+        with _quiet_single_process():
+            if optimizer is None:
+                state = {"model": get_model_state_dict(model)}
+            else:
+                model_sd, optim_sd = get_state_dict(model, optimizer)
+                state = {"model": model_sd, "optim": optim_sd}
+            dcp.save(state, checkpoint_id=tmp / "dcp", no_dist=_no_dist())
+        if tensors:
+            torch.save({k: v.detach().cpu() for k, v in tensors.items()}, tmp / f"tensors_rank{_rank()}.pt")
+        if before_commit is not None:
+            before_commit()
+
+    def commit() -> None:
+        if _rank() == 0:
+            (tmp / "extra.json").write_text(text)
+            with open(tmp / COMPLETE, "w") as f:
+                f.write(json.dumps({"step": step}))
+                f.flush()
+                os.fsync(f.fileno())
+            _fsync_dir(tmp)
+            if final.exists():
+                shutil.rmtree(final)
+            tmp.rename(final)
+            _fsync_dir(root)
+
+    for phase in (prepare, write, commit):
+        _together(phase)
     return final
 
 

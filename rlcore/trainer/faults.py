@@ -4,6 +4,7 @@
                                        done, nothing learned), update (optimizer stepped, nothing logged),
                                        or save (checkpoint files written, not yet committed)
     RLCORE_TEST_PAUSE_IN_SAVE=60       stall every checkpoint save for 60 s before its commit
+    RLCORE_TEST_SAVE_ERROR=2:1         the checkpoint save of step 2 fails on rank 1 only (disk full)
     RLCORE_TEST_NAN_AT_STEPS=2,3       make the advantages of steps 2 and 3 NaN (the update must be skipped)
 
 The run loop calls `kill_point` at its phase boundaries, `checkpoints.save` calls `before_commit`,
@@ -12,6 +13,7 @@ and `learn` passes the advantages through `poison`. tests/reliability drives the
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import signal
@@ -30,11 +32,13 @@ def kill_point(step: int, phase: str) -> None:
 
 
 def before_commit(step: int) -> None:
-    """Inside a checkpoint save, with its files written and not yet committed: pause, then maybe die."""
+    """Inside a checkpoint save, with its files written and not yet committed: pause, maybe die or fail."""
     pause = os.environ.get("RLCORE_TEST_PAUSE_IN_SAVE")
     if pause:
         time.sleep(float(pause))
     kill_point(step, "save")
+    if os.environ.get("RLCORE_TEST_SAVE_ERROR") == f"{step}:{os.environ.get('RANK', '0')}":
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 def poison(batch: Batch, step: int) -> Batch:

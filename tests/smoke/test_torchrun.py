@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -53,3 +54,19 @@ def test_two_ranks_with_dynamic_sampling(tmp_path):
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all("train/groups_kept_frac" in r or r.get("train/empty_step") == 1.0 for r in records)
+
+
+def test_a_save_failing_on_one_rank_stops_every_rank(tmp_path):
+    """Step 2's checkpoint fails on rank 1 only (disk full, injected): both ranks stop with the one
+    error line instead of rank 0 waiting for rank 1 forever; step 1's checkpoint stays the newest."""
+    env = dict(os.environ) | {"RLCORE_TEST_SAVE_ERROR": "2:1"}
+    proc = torchrun(*ARGS, "--trainer.save-every", "1", "--out-dir", str(tmp_path), env=env, timeout=240)
+    assert proc.returncode != 0  # torchrun's own exit code and traceback (ChildFailedError) follow
+    assert not re.search(r'File ".*(rlcore|train\.py)', proc.stderr), proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: cannot write checkpoint")]
+    assert any("No space left on device;" in line for line in errors), proc.stderr[-3000:]  # rank 1's
+    # rank 0 names the rank that failed (before the fix it sat in a barrier until torchrun killed it)
+    assert any("No space left on device (on rank 1)" in line for line in errors), proc.stderr[-3000:]
+    ckpts = tmp_path / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_1"]  # no step_2, no .tmp
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]
