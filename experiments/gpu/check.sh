@@ -10,15 +10,8 @@ PY=${PY:-python}
 work=$(mktemp -d)
 if [ "${QUICK:-0}" = 1 ]; then sizes="tiny"; device=cpu; steps=2; quick=--quick; else sizes="0.5b 1.5b"; device=cuda; steps=4; quick=; fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || true
-for size in $sizes; do
-    $PY experiments/gpu/make_model.py "$size" "$work/$size"
-    echo "== trainer, $size, grpo, 64 prompts x 8 samples x 256 new tokens, bf16"
-    $PY train.py grpo --model.path "$work/$size" --model.dtype bfloat16 --trainer.device "$device" \
-        --data.batch-size 64 --rollout.n 8 --rollout.max-tokens 256 --data.max-prompt-length 64 \
-        --trainer.steps "$steps" --trainer.val-every 0 --log.no-progress --out-dir "$work/run-$size" \
-        --algo.max-tokens-per-micro-batch 32768
-    mkdir -p "$OUT/$size" && cp "$work/run-$size/metrics.jsonl" "$OUT/$size/"
-    $PY - "$work/run-$size/metrics.jsonl" <<'PYEOF'
+summary() {  # median step, rollout and update seconds of a run's metrics.jsonl (first step dropped)
+    $PY - "$1" <<'PYEOF'
 import json, statistics, sys
 rows = [json.loads(line) for line in open(sys.argv[1])][1:]  # the first step warms up
 med = lambda k: statistics.median(r[k] for r in rows if k in r)
@@ -27,7 +20,24 @@ print(f"s/step {med('timing/step_s'):.2f}  rollout s {med('timing/rollout_s'):.2
       f"({tokens / med('timing/rollout_s'):.0f} response tok/s)  update s {med('timing/update_s'):.2f}  "
       f"peak memory MB {max(r.get('perf/max_memory_mb', 0) for r in rows):.0f}")
 PYEOF
+}
+train() {  # size, run name, extra flags
+    local size=$1 name=$2; shift 2
+    $PY train.py grpo --model.path "$work/$size" --model.dtype bfloat16 --trainer.device "$device" \
+        --data.batch-size 64 --rollout.n 8 --rollout.max-tokens 256 --data.max-prompt-length 64 \
+        --trainer.steps "$steps" --trainer.val-every 0 --log.no-progress --out-dir "$work/$name" \
+        --algo.max-tokens-per-micro-batch 32768 "$@"
+    mkdir -p "$OUT/$name" && cp "$work/$name/metrics.jsonl" "$OUT/$name/"
+    summary "$work/$name/metrics.jsonl"
+}
+for size in $sizes; do
+    $PY experiments/gpu/make_model.py "$size" "$work/$size"
+    echo "== trainer, $size, grpo, 64 prompts x 8 samples x 256 new tokens, bf16"
+    train "$size" "run-$size"
 done
+first=${sizes%% *}
+echo "== the same, $first, without shared-prompt packing (--algo.no-share-prompts): does packing pay on this device?"
+train "$first" "run-$first-unshared" --algo.no-share-prompts
 if [ "${QUICK:-0}" != 1 ]; then
     echo "== update MFU (0.5B shapes)"
     $PY experiments/gpu/bench_update.py | tee "$OUT/bench_update.txt"
