@@ -64,7 +64,7 @@ def test_pack_rows_by_hand():
 
 
 def _equal_logprobs(model, batch, **kw):
-    plain, ent_plain = compute_logprobs(model, batch, with_entropy=True, **kw)
+    plain, ent_plain = compute_logprobs(model, batch, with_entropy=True, share_prompts=False, **kw)
     shared, ent_shared = compute_logprobs(model, batch, with_entropy=True, share_prompts=True, **kw)
     torch.testing.assert_close(shared, plain, atol=1e-10, rtol=0)
     torch.testing.assert_close(ent_shared, ent_plain, atol=1e-10, rtol=0)
@@ -106,7 +106,7 @@ def test_worth_packing_by_hand():
 
 def test_eager_attention_gets_an_additive_mask(model64):
     batch = fake_rollout(2, 5, max_prompt=12, max_response=6, seed=3)
-    plain, _ = compute_logprobs(model64, batch)  # sdpa, unpacked
+    plain, _ = compute_logprobs(model64, batch, share_prompts=False)  # sdpa, unpacked
     eager = copy.deepcopy(model64)
     eager.set_attn_implementation("eager")
     assert model_inputs(eager, batch, share_prompts=True).gather is not None

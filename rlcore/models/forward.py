@@ -107,7 +107,7 @@ def _packable_hidden(model: nn.Module) -> int | None:
     return getattr(config, "hidden_size", None)
 
 
-def model_inputs(model: nn.Module, batch: Batch, *, share_prompts: bool = False) -> ModelInputs:
+def model_inputs(model: nn.Module, batch: Batch, *, share_prompts: bool = True) -> ModelInputs:
     """`sequence_tensors(batch)`, or with `share_prompts` the prompt-packed inputs where they are cheaper.
 
     Packing applies when some prompt repeats in `batch`, the model takes a 4D mask, and
@@ -285,13 +285,14 @@ def compute_logprobs(
     micro_batch_size: int | None = None,
     max_tokens: int | None = None,
     with_entropy: bool = False,
-    share_prompts: bool = False,
+    share_prompts: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropies) of `batch`'s responses under `model`: ((b, t) float32, (b, t) | None).
 
     Both are 0 where `response_mask` is 0, in the batch's row order. Runs without grad, micro-batched
-    (`micro_batch_size` rows, or a `max_tokens` budget) and trimmed; under FSDP every rank of the
-    model's mesh must call it (the micro-batch count is agreed with one collective).
+    (`micro_batch_size` rows, or a `max_tokens` budget) and trimmed, each prompt computed once for
+    its samples where that pays (`share_prompts`); under FSDP every rank of the model's mesh must call
+    it (the micro-batch count is agreed with one collective).
     """
     work = batch.select(*SEQUENCE_FIELDS)
     mask = batch["response_mask"]
