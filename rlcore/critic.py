@@ -23,7 +23,7 @@ from configs import AlgoConfig, CriticConfig
 from rlcore.batch import Batch
 from rlcore.dist.fsdp import model_mesh, set_gradient_sync
 from rlcore.dist.reduce import all_reduce
-from rlcore.models.forward import aligned_micro_batches, micro_batches, sequence_tensors
+from rlcore.models.forward import aligned_micro_batches, micro_batches, model_inputs, packed_mask
 from rlcore.models.policy import load_policy
 from rlcore.pure.losses import value_loss
 from rlcore.pure.masks import masked_mean, masked_sum, masked_var
@@ -41,6 +41,11 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 
+    @property
+    def config(self):
+        """The backbone's config (hidden size, attention implementation: shared-prompt packing reads them)."""
+        return self.backbone.config
+
     def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
         """V at every position: (m, s) float32."""
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
@@ -55,20 +60,28 @@ def build_critic(path: str, *, dtype: torch.dtype = torch.float32, seed: int = 0
     return critic.train()
 
 
-def response_values(critic: nn.Module, micro: Batch) -> Tensor:
-    """V(s_t) for each response token of a micro-batch (trimmed width r): (m, r) float32."""
-    inputs = sequence_tensors(micro)
-    r = inputs.labels.shape[1]
-    values = critic(inputs.input_ids, inputs.attention_mask, inputs.position_ids)  # (m, s)
-    return values[:, -r - 1 : -1]  # the position before each response token
+def response_values(critic: nn.Module, micro: Batch, *, share_prompts: bool = True) -> Tensor:
+    """V(s_t) for each response token of a micro-batch (trimmed width r): (m, r) float32.
+
+    With `share_prompts`, each prompt is computed once for its samples where that pays (as the
+    actor's forwards do, `rlcore.models.forward.model_inputs`)."""
+    inputs = model_inputs(critic, micro, share_prompts=share_prompts)
+    if inputs.gather is None:
+        r = inputs.labels.shape[1]
+        values = critic(inputs.input_ids, inputs.attention_mask, inputs.position_ids)  # (m, s)
+        return values[:, -r - 1 : -1]  # the position before each response token
+    values = critic(inputs.input_ids, packed_mask(critic, inputs), inputs.position_ids)  # (G, L)
+    return values[:, -inputs.keep :].reshape(-1)[inputs.gather]  # (m, r)
 
 
 @torch.no_grad()
-def compute_values(critic: nn.Module, batch: Batch, *, micro_batch_size: int | None = None) -> Tensor:
+def compute_values(
+    critic: nn.Module, batch: Batch, *, micro_batch_size: int | None = None, share_prompts: bool = True
+) -> Tensor:
     """V(s_t) of every response token, 0 where response_mask is 0: (b, t) float32, batch order kept."""
     out = torch.zeros(batch["response_mask"].shape, dtype=torch.float32, device=batch["responses"].device)
     for micro, rows in micro_batches(batch, micro_batch_size=micro_batch_size):
-        values = response_values(critic, micro)  # (m, r)
+        values = response_values(critic, micro, share_prompts=share_prompts)  # (m, r)
         out[rows, : values.shape[1]] = values
     return torch.where(batch["response_mask"] != 0, out, torch.zeros_like(out))
 
@@ -79,7 +92,7 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
 
 
 def _micro_value_loss(critic, micro, algo_cfg, critic_cfg, norms) -> tuple[Tensor, dict[str, Tensor]]:
-    values = response_values(critic, micro)  # (m, r), with grad
+    values = response_values(critic, micro, share_prompts=algo_cfg.share_prompts)  # (m, r), with grad
     r = values.shape[1]
     mask = micro["response_mask"][:, :r]
     loss, metrics = value_loss(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -94,3 +95,38 @@ def test_value_model_is_a_module_with_a_zero_head():
     critic = build_critic("builtin:tiny")
     assert isinstance(critic, ValueModel) and critic.value_head.out_features == 1
     assert dataclasses.is_dataclass(CriticConfig())
+
+
+def test_shared_prompt_values_and_updates_equal_the_row_path():
+    """Packed critic passes (each prompt once for its samples) give the row path's values, and one
+    critic update the same weights (float64; to float32 rounding, as for the actor: HF's RMSNorm)."""
+    critic64 = build_critic("builtin:tiny", dtype=torch.float64, seed=0)
+    with torch.no_grad():
+        critic64.value_head.weight.normal_(0, 0.1, generator=torch.Generator().manual_seed(2))
+    batch = fake_rollout(3, 6, max_prompt=14, max_response=6, seed=9)
+    from rlcore.models.forward import model_inputs
+
+    assert model_inputs(critic64, batch).gather is not None  # this batch does pack
+    plain = compute_values(critic64, batch, share_prompts=False)
+    shared = compute_values(critic64, batch, share_prompts=True)
+    assert (plain != 0).any()
+    torch.testing.assert_close(shared, plain, atol=1e-10, rtol=0)
+    mask = batch["response_mask"]
+    _, returns = gae(mask * 0.3, plain.float(), mask, gamma=1.0, lam=1.0)
+    b = batch.with_(values=plain, returns=returns.double())
+    after = []
+    for share in (False, True):
+        model = copy.deepcopy(critic64)
+        optim_cfg = OptimConfig(lr=1e-2, eps=1e-3)
+        opt = build_optimizer(model, optim_cfg)
+        state = TrainState(model=model, optimizer=opt, scheduler=build_scheduler(opt, optim_cfg, 4))
+        critic_update(
+            state, b, AlgoConfig(micro_batch_size=7, share_prompts=share), CriticConfig(), horizon=6
+        )
+        after.append([q.detach().clone() for q in model.parameters()])
+    moved = max(
+        float((q - p0.detach()).abs().max()) for q, p0 in zip(after[0], critic64.parameters(), strict=True)
+    )
+    assert moved > 1e-3
+    for q0, q1 in zip(*after, strict=True):
+        torch.testing.assert_close(q1, q0, atol=1e-6, rtol=0)

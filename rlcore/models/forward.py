@@ -136,6 +136,13 @@ def _additive(allowed: Tensor, dtype: torch.dtype) -> Tensor:
     )
 
 
+def packed_mask(model: nn.Module, inputs: ModelInputs) -> Tensor:
+    """The packed inputs' 4D mask as `model`'s attention takes it: bool (sdpa), additive float (eager)."""
+    if model.config._attn_implementation == "eager":
+        return _additive(inputs.attention_mask, next(model.parameters()).dtype)
+    return inputs.attention_mask
+
+
 def response_logits(model: nn.Module, inputs: ModelInputs) -> Tensor:
     """Logits predicting each response token: (m, r, v) in the model's output dtype."""
     width = inputs.labels.shape[1]
@@ -148,12 +155,9 @@ def response_logits(model: nn.Module, inputs: ModelInputs) -> Tensor:
             logits_to_keep=width + 1,  # the last prompt position predicts the first response token
         )
         return out.logits[:, :-1]  # (m, r, v)
-    mask = inputs.attention_mask
-    if model.config._attn_implementation == "eager":
-        mask = _additive(mask, next(model.parameters()).dtype)
     out = model(
         input_ids=inputs.input_ids,
-        attention_mask=mask,
+        attention_mask=packed_mask(model, inputs),
         position_ids=inputs.position_ids,
         use_cache=False,
         logits_to_keep=inputs.keep,

@@ -352,9 +352,13 @@ def learn(p: Pieces, step: int, batch: Batch) -> dict[str, torch.Tensor | float]
     if p.critic is not None:
         from rlcore.critic import compute_values
 
-        batch = batch.with_(
-            values=compute_values(p.critic.model, batch, micro_batch_size=cfg.algo.micro_batch_size)
+        values = compute_values(
+            p.critic.model,
+            batch,
+            micro_batch_size=cfg.algo.micro_batch_size,
+            share_prompts=cfg.algo.share_prompts,
         )
+        batch = batch.with_(values=values)
     batch, am = advantage_step(batch, cfg.algo, kl_coef=p.kl_coef)
     batch = faults.poison(batch, step)  # test-only NaN injection (RLCORE_TEST_NAN_AT_STEPS)
     metrics |= am
