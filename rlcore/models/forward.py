@@ -90,7 +90,10 @@ def _trimmed(batch: Batch) -> tuple[Tensor, Tensor, Tensor, Tensor]:
 
 def sequence_tensors(batch: Batch) -> ModelInputs:
     """Model inputs for `batch`'s rows, trimmed to the columns some row uses (see the module docstring)."""
-    ids_p, attn_p, responses, attn_r = _trimmed(batch)
+    return _row_inputs(*_trimmed(batch))
+
+
+def _row_inputs(ids_p: Tensor, attn_p: Tensor, responses: Tensor, attn_r: Tensor) -> ModelInputs:
     input_ids = torch.cat([ids_p, responses], dim=1)  # (m, s)
     attention = torch.cat([attn_p, attn_r], dim=1)  # (m, s)
     position_ids = (attention.cumsum(dim=-1) - 1).clamp(min=0)  # (m, s)
@@ -126,7 +129,7 @@ def model_inputs(model: nn.Module, batch: Batch, *, share_prompts: bool = True) 
                 input_ids=ids, attention_mask=allowed, position_ids=pos, labels=responses,
                 gather=gather, keep=width - ids_p.shape[1] + 1,
             )  # fmt: skip
-    return sequence_tensors(batch)
+    return _row_inputs(ids_p, attn_p, responses, attn_r)
 
 
 def _additive(allowed: Tensor, dtype: torch.dtype) -> Tensor:
