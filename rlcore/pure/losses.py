@@ -8,9 +8,9 @@ losses up in. All entries of the table take the same arguments (see `rlcore.pure
 the shared signature, the argument order, the global normalisers and the departures from verl).
 
 `clip_cov` and `kl_cov` pick a data-dependent number of tokens, k = max(1, int(ratio * n_kept)),
-from batch-wide statistics. They do it without a host sync: every token gets a key, keys are ranked
-with a stable argsort and its inverse permutation (a scatter), and a token is picked when its rank is below
-k (a 0-dim tensor).
+from batch-wide statistics. They do it without a host sync: every token gets a key, one `torch.topk`
+takes the best max(1, int(ratio * numel)) keys (a bound on k known from the shape), and the first k
+(a 0-dim tensor) of those are picked.
 Their token selection is batch-global, so unlike the other losses they do not decompose over
 micro-batches. `clip_cov` draws its keys from the `generator` it is given; verl draws a `randperm`
 from the global RNG instead: the set picked differs, but it is, like verl's, a uniform sample of the
@@ -115,11 +115,18 @@ def _budget(mask: Tensor, ratio: float) -> Tensor:
     return ((mask != 0).sum().to(torch.float64) * ratio).floor().clamp(min=1.0)
 
 
-def _rank(key: Tensor, *, descending: bool) -> Tensor:
-    """Each element's position in a stable sort of all elements of `key`; same shape as `key`."""
-    order = torch.argsort(key.reshape(-1), descending=descending, stable=True)  # (n,)
-    positions = torch.arange(order.numel(), device=order.device)
-    return torch.empty_like(order).scatter(0, order, positions).reshape(key.shape)  # the inverse permutation
+def _first_k(key: Tensor, k: Tensor, ratio: float, *, largest: bool) -> Tensor:
+    """Bool mask (shape of `key`) of the k elements (0-dim tensor k) that come first, largest or smallest.
+
+    k never exceeds max(1, int(ratio * key.numel())), a bound known from the shape, so one
+    `torch.topk` of that many elements replaces a sort of all of them, with no host sync. Ties at
+    the boundary are broken as `torch.topk` breaks them (verl's kl_cov uses topk too).
+    """
+    flat = key.reshape(-1)
+    bound = min(flat.numel(), max(1, int(ratio * flat.numel())))
+    picked = torch.topk(flat, bound, largest=largest, sorted=True).indices  # (bound,), best first
+    keep = torch.arange(bound, device=flat.device) < k
+    return torch.zeros_like(flat, dtype=torch.bool).scatter(0, picked, keep).reshape(key.shape)
 
 
 def clip_cov(
@@ -168,7 +175,7 @@ def clip_cov(
         generator = torch.Generator(device=lp.device).manual_seed(0)
     keys = torch.rand(lp.shape, generator=generator, dtype=torch.float64, device=lp.device)
     keys = torch.where(eligible, keys, 2.0)  # ineligible tokens rank after every eligible one
-    dropped = eligible & (_rank(keys, descending=False) < _budget(mask, clip_cov_ratio))  # (b, t)
+    dropped = eligible & _first_k(keys, _budget(mask, clip_cov_ratio), clip_cov_ratio, largest=False)
     pg_losses = torch.where(dropped, 0.0, torch.maximum(loss1, loss2))
     pg_losses = _weighted(pg_losses, is_weights, mask)
     loss = aggregate(pg_losses, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, horizon=horizon)
@@ -200,7 +207,7 @@ def kl_cov(
     Shapes: all tensors (b, t) -> 0-dim loss.
     Formula: d = logprob - old_logprob (not clamped), r = exp(d); l = -A r, plus ppo_kl_coef |d| on
     the k = max(1, int(kl_cov_ratio * n_kept)) kept tokens of largest cov = (A - mean A)(logprob -
-    mean logprob), means over kept tokens (ties: first in row-major order). No clipping.
+    mean logprob), means over kept tokens (ties at the k-th place: as torch.topk, like verl). No clipping.
     Metrics: ppo_kl (masked mean of |d|, as verl). Paper: arXiv:2505.22617.
     """
     check_agg(agg)
@@ -217,7 +224,7 @@ def kl_cov(
     count = kept.sum().to(lp.dtype).clamp(min=1.0)
     cov = (adv_d - masked_sum(adv_d, kept) / count) * (lp_d - masked_sum(lp_d, kept) / count)  # (b, t)
     key = torch.where(kept, cov, -torch.inf)
-    top = kept & (_rank(key, descending=True) < _budget(mask, kl_cov_ratio))  # (b, t)
+    top = kept & _first_k(key, _budget(mask, kl_cov_ratio), kl_cov_ratio, largest=True)  # (b, t)
     pg_losses = torch.where(top, loss1 + ppo_kl_coef * abs_kl, loss1)
     pg_losses = _weighted(pg_losses, is_weights, mask)
     loss = aggregate(pg_losses, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, horizon=horizon)

@@ -232,8 +232,11 @@ def test_clip_cov_takes_every_eligible_token_when_k_exceeds_them_and_spares_the_
     assert torch.equal(torch.get_rng_state(), state)
 
 
-def test_kl_cov_penalises_the_top_k_covariance_tokens():
+@pytest.mark.parametrize("masked", [False, True])
+def test_kl_cov_penalises_the_top_k_covariance_tokens(masked):
     lp, adv, mask = cov_batch()
+    if masked:  # 18 of 32 kept: k = int(0.11 * 18) = 1 sits well below the shape's bound int(0.11 * 32) = 3
+        mask[2:, 1:] = 0
     g = torch.Generator().manual_seed(5)
     adv = adv + 0.3 * torch.randn(4, 8, generator=g, dtype=F64)
     old = lp - 0.2 * torch.randn(4, 8, generator=g, dtype=F64)
@@ -243,7 +246,7 @@ def test_kl_cov_penalises_the_top_k_covariance_tokens():
     p = torch.stack([lp[i, j] for i, j in valid])
     top = torch.topk(
         (a - a.mean()) * (p - p.mean()), max(1, int(len(valid) * 0.11))
-    ).indices.tolist()  # k = 3
+    ).indices.tolist()  # k = 3 (1 masked)
     total = 0.0
     for n, (i, j) in enumerate(valid):
         d = float(lp[i, j] - old[i, j])
