@@ -95,6 +95,13 @@ def test_the_packed_path_runs_where_it_pays_and_not_elsewhere(model64):
     flash.config = copy.copy(model64.config)
     flash.config._attn_implementation = "flash_attention_2"  # cannot take a 4D mask
     assert model_inputs(flash, short, share_prompts=True).gather is None
+    width = model_inputs(model64, short, share_prompts=True).input_ids.shape[1]
+    for window in (width, width - 1):  # a sliding window (Mistral, Qwen2 with use_sliding_window)
+        windowed = copy.copy(model64)
+        windowed.config = copy.copy(model64.config)
+        windowed.config.sliding_window = window  # the custom mask would drop it: pack only within it
+        packed = model_inputs(windowed, short, share_prompts=True).gather is not None
+        assert packed == (window == width)
 
 
 def test_worth_packing_by_hand():

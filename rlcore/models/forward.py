@@ -110,19 +110,30 @@ def _packable_hidden(model: nn.Module) -> int | None:
     return getattr(config, "hidden_size", None)
 
 
+def _window(model: nn.Module) -> float:
+    """The longest packed row `model` can take: a custom mask replaces its sliding-window or chunked
+    attention mask, which is the same only while every query-key distance stays inside the window."""
+    config = model.config
+    limits = [getattr(config, k, None) for k in ("sliding_window", "attention_chunk_size")]
+    return min([v for v in limits if isinstance(v, int) and v > 0], default=float("inf"))
+
+
 def model_inputs(model: nn.Module, batch: Batch, *, share_prompts: bool = True) -> ModelInputs:
     """`sequence_tensors(batch)`, or with `share_prompts` the prompt-packed inputs where they are cheaper.
 
-    Packing applies when some prompt repeats in `batch`, the model takes a 4D mask, and
-    `shared_prompt.worth_packing` says so; the log-probs are the same either way (to rounding).
+    Packing applies when some prompt repeats in `batch`, the model takes a 4D mask, the packed rows
+    fit its sliding window (if any), and `shared_prompt.worth_packing` says so; the log-probs are the
+    same either way (to rounding).
     """
     hidden = _packable_hidden(model) if share_prompts else None
     ids_p, attn_p, responses, attn_r = _trimmed(batch)
     if hidden is not None and len(batch) > 1 and attn_p[:, -1].all():
         group = prompt_groups(ids_p, attn_p)
         count, width = packed_shape(group, attn_r, ids_p.shape[1])
-        if count < len(batch) and worth_packing(
-            len(batch), ids_p.shape[1] + attn_r.shape[1], count, width, hidden
+        if (
+            count < len(batch)
+            and width <= _window(model)
+            and worth_packing(len(batch), ids_p.shape[1] + attn_r.shape[1], count, width, hidden)
         ):
             ids, allowed, pos, gather = pack_rows(ids_p, attn_p, responses, attn_r, group)
             return ModelInputs(
