@@ -140,7 +140,7 @@ class AlgoConfig:
     max_tokens_per_micro_batch: int | None = None
     """Token-budget dynamic batching: pack samples up to this many tokens (overrides micro_batch_size)."""
     share_prompts: bool = True
-    """Compute each prompt once for all its samples in the log-prob and update forwards (packed
+    """Compute each prompt once for all its samples in the log-prob, value and update forwards (packed
     sequences with a 4D mask; same log-probs and gradients to rounding), where a FLOP estimate says
     it is cheaper. sdpa and eager attention only; other implementations run unpacked."""
     dynamic_sampling: bool = False
