@@ -227,6 +227,7 @@ def _micro_loss(
     metrics = {
         "actor/pg_loss": pg_loss.detach(),
         "actor/entropy": masked_sum(ent.detach(), mask) / norms["num_tokens"],
+        "actor/shared_prompt_frac": share * float(inputs.gather is not None),  # tokens in packed forwards
     }
     metrics |= {f"actor/{k}": v.detach() * share for k, v in pg_metrics.items()}
     if on_policy and "rollout_logprobs" in micro:  # the engine's log-probs vs these, as logprob_gap

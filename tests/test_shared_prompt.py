@@ -131,7 +131,9 @@ def test_update_with_shared_prompts_takes_the_same_step(model64):
         opt = build_optimizer(model, optim)
         state = TrainState(model=model, optimizer=opt, scheduler=build_scheduler(opt, optim, 4))
         algo = AlgoConfig(micro_batch_size=7, share_prompts=share)
-        update_step(state, batch, algo, optim, horizon=8)
+        _, metrics = update_step(state, batch, algo, optim, horizon=8)
+        # the share of trained tokens that went through a packed forward (every micro-batch packs here)
+        assert metrics["actor/shared_prompt_frac"] == pytest.approx(1.0 if share else 0.0)
         after.append([p.detach().clone() for p in model.parameters()])
     moved = max(
         float((p - q.detach()).abs().max()) for p, q in zip(after[0], model64.parameters(), strict=True)
