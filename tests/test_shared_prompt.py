@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from configs import AlgoConfig, OptimConfig
 from rlcore.models import load_policy
 from rlcore.models.forward import compute_logprobs, micro_batches, model_inputs
-from rlcore.models.shared_prompt import pack_rows, prompt_groups, worth_packing
+from rlcore.models.shared_prompt import pack_rows, packed_shape, prompt_groups, worth_packing
 from rlcore.update import TrainState, build_optimizer, build_scheduler, update_step
 from tests.dist.rollouts import fake_rollout
 
@@ -36,7 +36,9 @@ def test_pack_rows_by_hand():
     r_attn = torch.tensor([[1, 1], [1, 0], [1, 0]])
     group = prompt_groups(ids, attn)
     assert group[0] == group[2] != group[1]
-    packed, allowed, pos, gather = pack_rows(ids, attn, responses, r_attn, group)
+    shape = packed_shape(group, r_attn, ids.shape[1])
+    assert shape == (2, 5)  # two prompts; the longer packed row is 2 prompt + 3 response tokens
+    packed, allowed, pos, gather = pack_rows(ids, attn, responses, r_attn, group, shape)
     a, b = int(group[0]), int(group[1])  # group a: [5, 6 | 7, 8 | 9], group b: [pad, 4 | 3 | pad, pad]
     assert packed[a].tolist() == [5, 6, 7, 8, 9] and packed[b].tolist() == [0, 4, 3, 0, 0]
     assert pos[a].tolist() == [0, 1, 2, 3, 2]  # each response restarts after the 2-token prompt

@@ -135,7 +135,7 @@ def model_inputs(model: nn.Module, batch: Batch, *, share_prompts: bool = True) 
             and width <= _window(model)
             and worth_packing(len(batch), ids_p.shape[1] + attn_r.shape[1], count, width, hidden)
         ):
-            ids, allowed, pos, gather = pack_rows(ids_p, attn_p, responses, attn_r, group)
+            ids, allowed, pos, gather = pack_rows(ids_p, attn_p, responses, attn_r, group, (count, width))
             return ModelInputs(
                 input_ids=ids, attention_mask=allowed, position_ids=pos, labels=responses,
                 gather=gather, keep=width - ids_p.shape[1] + 1,

@@ -52,12 +52,18 @@ def packed_shape(group: Tensor, response_attention: Tensor, prompt_width: int) -
 
 
 def pack_rows(
-    input_ids: Tensor, prompt_attention: Tensor, responses: Tensor, response_attention: Tensor, group: Tensor
+    input_ids: Tensor,
+    prompt_attention: Tensor,
+    responses: Tensor,
+    response_attention: Tensor,
+    group: Tensor,
+    shape: tuple[int, int],
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Pack trimmed rows into one sequence per group.
 
     Arguments: left-padded prompts (m, p) with their attention, right-padded responses (m, r) with
-    theirs, `group` (m,) from `prompt_groups`. Returns (input_ids (G, L), attention (G, 1, L, L) bool,
+    theirs, `group` (m,) from `prompt_groups`, `shape` = `packed_shape(group, response_attention, p)`
+    (the caller has it already: it decides whether to pack). Returns (input_ids (G, L), attention (G, 1, L, L) bool,
     position_ids (G, L), gather (m, r)): `gather` indexes the flattened logits of the packed columns
     p - 1 .. L - 1 (`logits_to_keep = L - p + 1`): entry (i, c) is the position that predicts row i's
     response token c (the last prompt token for the first one). Non-attended response columns point
@@ -65,7 +71,7 @@ def pack_rows(
     """
     m, p = input_ids.shape
     r = responses.shape[1]
-    count, width = packed_shape(group, response_attention, p)
+    count, width = shape
     rows = torch.arange(m, device=group.device)
     rep = torch.full((count,), m, dtype=torch.long, device=group.device).scatter_reduce(
         0, group, rows, "amin"
