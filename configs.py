@@ -12,6 +12,7 @@ built and raises `ConfigError` naming the flag, the value and the fix.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -67,6 +68,9 @@ class RolloutConfig:
     """Samples per validation prompt for pass@k (k = val_n); greedy validation is always run too."""
     gpu_memory_utilization: float = 0.5
     """vLLM only: share of GPU memory its KV cache may take."""
+    sync_bucket_mb: float = 256.0
+    """Weight sync: MiB of full weights gathered (and moved to the engine's device) at a time. Only
+    memory: a push is always one update of the engine, whatever the bucketing."""
     max_turns: int = 1
     """1: single-turn. > 1: the multi-turn agent loop (rlcore.rollout.agent) with the built-in tools
     (calculator, python); tool results are in the response but not trained on. max-tokens bounds the
@@ -308,6 +312,10 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
     _need(r.temperature >= 0, f"--rollout.temperature {r.temperature}: must be >= 0")
     _need(0 < r.top_p <= 1, f"--rollout.top-p {r.top_p}: must be in (0, 1]")
     _need(r.max_turns >= 1, f"--rollout.max-turns {r.max_turns}: must be >= 1 (1 is single-turn)")
+    _need(
+        r.sync_bucket_mb > 0 and math.isfinite(r.sync_bucket_mb),
+        f"--rollout.sync-bucket-mb {r.sync_bucket_mb}: must be a number of MiB > 0",
+    )
     _need(
         a.adv_estimator in ESTIMATORS,
         f"--algo.adv-estimator {a.adv_estimator!r}: choose one of {sorted(ESTIMATORS)}",

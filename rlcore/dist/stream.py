@@ -1,14 +1,22 @@
 """Full (unsharded) weights, streamed in size-bounded buckets: engine weight sync and Hugging Face export.
 
     for bucket in iter_full_state(model):             # every rank iterates; only rank 0 gets tensors
-        engine.load_weights(bucket)                   # [(hf_name, full tensor), ...]
+        save(bucket)                                  # [(hf_name, full tensor), ...]
     iter_full_state(model, all_ranks=True)            # every rank gets them (one engine per rank)
+    with WeightPush(model, bucket_bytes=...) as push: # one logical engine update, streamed:
+        engine.load_weights(push)                     #   the engine reloads everything in one call
+    push.bytes, push.tensors                          # what was sent
     save_hf_pretrained(model, tokenizer, run / "final")   # safetensors + config + tokenizer
 
 Names are the model's own (Hugging Face) state-dict names: `fully_shard` adds no wrapper modules.
 A parameter shared by several names (tied `lm_head.weight` / `model.embed_tokens.weight`) is sent
 once, under its first name; `from_pretrained` re-ties it from `tie_word_embeddings` in the config.
 Non-persistent buffers (rotary `inv_freq`) are not part of the state and are not sent.
+
+A weight push is one call of the engine's `load_weights` over a flat stream of every tensor, never one
+call per bucket: vLLM stacks q/k/v and gate/up into one parameter, and a reload given half of such a
+group leaves that layer wrong (the issue-24 bug). Buckets bound how much is gathered at a time, never
+what the engine reloads together.
 """
 
 from __future__ import annotations
@@ -73,6 +81,37 @@ def iter_full_state(
             bucket, size = [], 0
     if size or bucket:
         yield bucket
+
+
+class WeightPush:
+    """One push of a model's full weights: iterate it for `(name, full tensor)` pairs, in state-dict
+    order, gathered a bucket of about `bucket_bytes` at a time (a collective under FSDP: every rank
+    must iterate it to the end, in the same order; `all_ranks` as in `iter_full_state`).
+
+    Leaving the `with` block drains what the consumer did not read (so every rank runs every gather)
+    and raises if anything was left: an engine that skips tensors would run on a half-updated policy.
+    `bytes` and `tensors` count what was handed out.
+    """
+
+    def __init__(self, model: nn.Module, *, bucket_bytes: int = BUCKET_BYTES, all_ranks: bool = True) -> None:
+        self._buckets = iter_full_state(model, bucket_bytes=bucket_bytes, all_ranks=all_ranks)
+        self.bytes = 0
+        self.tensors = 0
+
+    def __iter__(self) -> Iterator[tuple[str, Tensor]]:
+        for bucket in self._buckets:
+            for name, tensor in bucket:
+                self.bytes += tensor.numel() * tensor.element_size()
+                self.tensors += 1
+                yield name, tensor
+
+    def __enter__(self) -> WeightPush:
+        return self
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        left = sum(len(bucket) for bucket in self._buckets)  # finish the gathers every rank runs
+        if exc_type is None and left:
+            raise RuntimeError(f"the engine's load_weights left {left} tensors of the push unread")
 
 
 def _model_class_name(model: nn.Module) -> str:
@@ -152,4 +191,4 @@ def gathered_state(model: nn.Module) -> dict[str, Tensor]:
     return {name: t.to("cpu") for bucket in iter_full_state(model) for name, t in bucket}
 
 
-__all__ = ["BUCKET_BYTES", "gathered_state", "iter_full_state", "save_hf_pretrained"]
+__all__ = ["BUCKET_BYTES", "WeightPush", "gathered_state", "iter_full_state", "save_hf_pretrained"]

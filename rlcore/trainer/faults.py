@@ -6,9 +6,11 @@
     RLCORE_TEST_PAUSE_IN_SAVE=60       stall every checkpoint save for 60 s before its commit
     RLCORE_TEST_SAVE_ERROR=2:1         the checkpoint save of step 2 fails on rank 1 only (disk full)
     RLCORE_TEST_NAN_AT_STEPS=2,3       make the advantages of steps 2 and 3 NaN (the update must be skipped)
+    RLCORE_TEST_SYNC_PER_BUCKET=1      push weights with one load_weights call per bucket (the issue-24 bug:
+                                       vLLM then runs a half-loaded policy; the step-1 gap check must say so)
 
 The run loop calls `kill_point` at its phase boundaries, `checkpoints.save` calls `before_commit`,
-and `learn` passes the advantages through `poison`. tests/reliability drives them.
+`learn` passes the advantages through `poison`, and the weight push asks `push_per_bucket`. tests/reliability drives them.
 """
 
 from __future__ import annotations
@@ -47,3 +49,13 @@ def poison(batch: Batch, step: int) -> Batch:
     if str(step) not in steps.split(","):
         return batch
     return batch.with_(advantages=batch["advantages"] * math.nan, overwrite=True)
+
+
+def push_per_bucket(engine: object, push: object) -> bool:
+    """With RLCORE_TEST_SYNC_PER_BUCKET=1, feed `push` to `engine` one bucket per `load_weights` call (the
+    old, broken sync) and return True; else do nothing and return False."""
+    if os.environ.get("RLCORE_TEST_SYNC_PER_BUCKET") != "1":
+        return False
+    for bucket in push._buckets:  # type: ignore[attr-defined]
+        engine.load_weights(bucket)  # type: ignore[attr-defined]
+    return True

@@ -8,6 +8,7 @@ import torch
 
 from configs import Config, ConfigError
 from rlcore.models.policy import load_policy
+from rlcore.trainer import faults
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -121,6 +122,7 @@ def _vllm_engine(cfg: Config, model: Any, tokenizer: Any) -> Any:
             seed=cfg.trainer.seed,
             max_model_len=cfg.data.max_prompt_length + cfg.rollout.max_tokens,
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+            bucket_bytes=sync_bucket_bytes(cfg),
         )
     except ImportError as e:
         raise ConfigError(f"--rollout.engine vllm: {e}") from None
@@ -131,15 +133,29 @@ def _vllm_engine(cfg: Config, model: Any, tokenizer: Any) -> Any:
             shutil.rmtree(temporary, ignore_errors=True)
 
 
-def sync_weights(p: Any) -> None:
-    """Push the actor's current weights into the engine (nothing to do when it shares the module)."""
-    engine = getattr(p.engine, "inner", p.engine)  # under the agent loop's wrapper
-    if getattr(engine, "model", None) is p.state.model:
-        return  # the native engine samples from the trained module itself
-    from rlcore.dist.stream import iter_full_state
+def sync_bucket_bytes(cfg: Config) -> int:
+    """--rollout.sync-bucket-mb in bytes (at least 1: one tensor per bucket)."""
+    return max(1, int(cfg.rollout.sync_bucket_mb * 2**20))
 
-    for bucket in iter_full_state(p.state.model, all_ranks=True):  # a collective: every rank
-        p.engine.load_weights(bucket)
+
+def sync_weights(p: Any) -> dict[str, float]:
+    """Push the actor's current weights into the run's engine (see `push_weights`)."""
+    return push_weights(p.state.model, p.engine, bucket_bytes=sync_bucket_bytes(p.cfg))
+
+
+def push_weights(model: Any, engine: Any, *, bucket_bytes: int) -> dict[str, float]:
+    """Push `model`'s full weights into `engine` as one update, gathered `bucket_bytes` at a time
+    (nothing to do when the engine samples from `model` itself); returns `sync/bytes` and
+    `sync/tensors` pushed. A collective under FSDP: every rank calls it."""
+    inner = getattr(engine, "inner", engine)  # under the agent loop's wrapper
+    if getattr(inner, "model", None) is model:
+        return {"sync/bytes": 0.0, "sync/tensors": 0.0}  # the native engine samples from the trained module
+    from rlcore.dist.stream import WeightPush
+
+    with WeightPush(model, bucket_bytes=bucket_bytes, all_ranks=True) as push:
+        if not faults.push_per_bucket(engine, push):  # test-only: the old, broken per-bucket sync
+            engine.load_weights(push)  # one call: vLLM reloads stacked q/k/v and gate/up groups whole
+    return {"sync/bytes": float(push.bytes), "sync/tensors": float(push.tensors)}
 
 
 def save_final(p: Any) -> None:

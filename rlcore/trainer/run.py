@@ -184,6 +184,8 @@ def loop(p: Pieces) -> None:
         p.logger.log(0, _validation(p, 0))
     for step in range(start + 1, cfg.trainer.steps + 1):
         metrics = train_step(p, step)
+        if step == start + 1:  # the first step this process trains: is the engine's policy the trainer's?
+            _check_gap(p, step, metrics)
         last = step == cfg.trainer.steps
         every = cfg.trainer.val_every
         if p.val_ds is not None and every > 0 and (step % every == 0 or last):
@@ -192,6 +194,18 @@ def loop(p: Pieces) -> None:
         if cfg.trainer.save_every > 0 and (step % cfg.trainer.save_every == 0 or last):
             checkpoints.save(p, step)
     _finish(p)
+
+
+def _check_gap(p: Pieces, step: int, metrics: dict[str, float]) -> None:
+    """One `warning:` line when the rollout/trainer gap (max over ranks) is above the dtype's bound."""
+    from rlcore.dist.reduce import all_reduce
+    from rlcore.trainer.health import gap_warning
+
+    local = metrics.get("rollout/logprob_diff_max", 0.0)  # absent: sft, or every step of a rank empty
+    gap = float(all_reduce(torch.tensor(local, device=p.dist.device), p.mesh, op="max"))
+    line = gap_warning(gap, engine=p.cfg.rollout.engine, dtype=p.cfg.model.dtype, step=step)
+    if line and p.dist.rank == 0:
+        print(line, file=sys.stderr, flush=True)
 
 
 def _validation(p: Pieces, step: int) -> dict[str, float]:
@@ -312,8 +326,8 @@ def train_step(p: Pieces, step: int) -> dict[str, float]:
     from rlcore.trainer.models import sync_weights
 
     synced = time.perf_counter()
-    sync_weights(p)
-    metrics["timing/sync_s"] = torch.tensor(time.perf_counter() - synced)
+    metrics |= sync_weights(p)
+    metrics["timing/sync_s"] = time.perf_counter() - synced
     seconds = time.perf_counter() - started
     tokens = batch["attention_mask"].sum() + batch["response_attention"].sum()
     metrics["timing/step_s"] = torch.tensor(seconds)
