@@ -26,6 +26,7 @@ a non-finite loss or gradient norm on any rank is skipped on every rank and coun
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import math
 import re
@@ -197,6 +198,7 @@ def _micro_loss(
     algo_cfg: AlgoConfig,
     norms: dict[str, Tensor | int],
     temperature: float,
+    generator: torch.Generator | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """This micro-batch's share of the mini-batch loss and its (local) metric sums."""
     inputs = model_inputs(model, micro, share_prompts=algo_cfg.share_prompts)
@@ -211,6 +213,8 @@ def _micro_loss(
         log_w = (old - micro["rollout_logprobs"][:, :r]).clamp(-20.0, 20.0)
         is_weights = log_w.exp().clamp(max=algo_cfg.tis_cap)  # (m, r)
     extra = {"clip_c": algo_cfg.clip_c} if algo_cfg.policy_loss in ("ppo_clip", "vanilla") else {}
+    if "generator" in inspect.signature(POLICY_LOSSES[algo_cfg.policy_loss]).parameters:
+        extra["generator"] = generator  # clip_cov: new token draws every step, the same on a resume
     agg = {"num_tokens": norms["num_tokens"], "num_seqs": norms["num_seqs"], "horizon": norms["horizon"]}
     pg_loss, pg_metrics = POLICY_LOSSES[algo_cfg.policy_loss](
         logprob, old, micro["advantages"][:, :r], mask, agg=algo_cfg.loss_agg,
@@ -260,6 +264,7 @@ def _one_update(
     mesh: DeviceMesh | None,
     horizon: int,
     temperature: float,
+    generator: torch.Generator | None = None,
 ) -> tuple[bool, dict[str, Tensor]]:
     """Accumulate the mini-batch's gradient over micro-batches and step; (stepped?, metric sums)."""
     model, optimizer = state.model, state.optimizer
@@ -275,7 +280,7 @@ def _one_update(
     total = torch.zeros((), dtype=torch.float32, device=kept.device)
     for i, (micro, _) in enumerate(pieces):
         set_gradient_sync(model, i == len(pieces) - 1)  # reduce across ranks after the last one only
-        loss, metrics = _micro_loss(model, micro, algo_cfg, norms, temperature)
+        loss, metrics = _micro_loss(model, micro, algo_cfg, norms, temperature, generator)
         loss.backward()
         total = total + loss.detach()
         _accumulate(sums, metrics)
@@ -312,6 +317,7 @@ def update_step(
     mesh: DeviceMesh | None = None,
     horizon: int,
     temperature: float = 1.0,
+    seed: int = 0,
 ) -> tuple[TrainState, dict[str, float]]:
     """`ppo_epochs` x mini-batches optimizer updates on this rank's rows; (new state, metrics).
 
@@ -319,7 +325,9 @@ def update_step(
     `advantages`, and `ref_logprobs` (use_kl_loss) / `rollout_logprobs` (tis_cap) as needed.
     `mesh`: the data-parallel mesh (default: the one the model is sharded over; None for 1 process).
     `horizon`: the rollout's max_tokens (seq-mean-token-sum-norm). `temperature`: the sampling
-    temperature the log-probs are taken under. Every rank must call this with the same config.
+    temperature the log-probs are taken under. `seed`: with `state.step`, seeds the generator of a
+    sampling loss (clip_cov), so each step draws anew and a resumed run draws the same. Every rank
+    must call this with the same config.
     Metrics (floats, identical on every rank): actor/pg_loss, actor/ppo_kl, actor/pg_clipfrac,
     actor/pg_clipfrac_lower (per the policy loss), actor/entropy, actor/kl_loss (with use_kl_loss)
     averaged over the updates that stepped (NaN when none did); actor/grad_norm (before clipping),
@@ -334,10 +342,12 @@ def update_step(
     good = bad = 0
     lr = float("nan")
     consecutive = state.bad_updates
+    device = next(state.model.parameters()).device  # where the log-probs (and clip_cov's draws) live
+    generator = torch.Generator(device=device).manual_seed(seed * 1_000_003 + state.step)
     try:
         for mini in _iter_updates(work, algo_cfg, mesh):
             lr = state.optimizer.param_groups[0]["lr"]  # the lr this update uses
-            ok, sums = _one_update(state, mini, algo_cfg, optim_cfg, mesh, horizon, temperature)
+            ok, sums = _one_update(state, mini, algo_cfg, optim_cfg, mesh, horizon, temperature, generator)
             keys |= sums.keys()
             if not ok:
                 bad, consecutive = bad + 1, consecutive + 1

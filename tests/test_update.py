@@ -232,3 +232,31 @@ def test_on_policy_update_without_old_logprobs_equals_the_one_with_them(setup):
     with pytest.raises(ValueError, match="on-policy"):  # two epochs need the old policy's log-probs
         update_step(_state(copy.deepcopy(base)), no_old, AlgoConfig(ppo_epochs=2),
                     OPTIM, horizon=HORIZON)  # fmt: skip
+
+
+def test_clip_cov_draws_new_tokens_every_step_and_the_same_on_a_rerun(setup, monkeypatch):
+    """clip_cov samples which tokens to clip from the generator update_step gives it: seeded from
+    (seed, step), so step 2 draws other keys than step 1 (before issue 15: Generator(0) every call),
+    and a rerun of a step (a resume) draws the same."""
+    import functools
+
+    base, batch = setup
+    real = POLICY_LOSSES["clip_cov"]
+    draws: list[torch.Tensor] = []
+
+    @functools.wraps(real)
+    def recording(*args, generator=None, **kwargs):
+        probe = torch.Generator(device=generator.device)
+        probe.set_state(generator.get_state())
+        draws.append(torch.rand(16, generator=probe, dtype=torch.float64))  # the keys clip_cov draws first
+        return real(*args, generator=generator, **kwargs)
+
+    monkeypatch.setitem(POLICY_LOSSES, "clip_cov", recording)
+    algo = AlgoConfig(policy_loss="clip_cov")
+    state = _state(copy.deepcopy(base))
+    state, _ = update_step(state, batch, algo, OPTIM, horizon=HORIZON, seed=3)
+    update_step(state, batch, algo, OPTIM, horizon=HORIZON, seed=3)
+    update_step(dataclasses.replace(state, step=0), batch, algo, OPTIM, horizon=HORIZON, seed=3)
+    first, second, rerun = draws
+    assert not torch.equal(first, second)
+    assert torch.equal(first, rerun)

@@ -40,6 +40,39 @@ def all_reduce(
     return out
 
 
+def _combine(name: str) -> str:
+    """How a metric is reduced over ranks, by its name: maxima and minima as named, means otherwise."""
+    if name.endswith(("_max", "/max")):
+        return "max"
+    return "min" if name.endswith(("_min", "/min")) else "mean"
+
+
+def reduce_metrics(metrics: dict[str, float], mesh: DeviceMesh | None) -> dict[str, float]:
+    """Scalar metrics over every rank: `*_max` / `*/max` the maximum, `*_min` / `*/min` the minimum, the
+    rest the mean over the ranks that have the key (a key some ranks lack is reduced over the others).
+
+    Three collectives (the key sets, then one sum and one max over a stacked float64 tensor); every
+    rank calls it with its own dict and gets the same result. `metrics` itself without a mesh.
+    """
+    if mesh is None or mesh.size() == 1:
+        return dict(metrics)
+    key_sets: list[list[str]] = [[] for _ in range(mesh.size())]
+    dist.all_gather_object(key_sets, sorted(metrics), group=mesh.get_group() if mesh.ndim == 1 else None)
+    keys = sorted(set().union(*key_sets))
+    has = torch.tensor([k in metrics for k in keys], dtype=torch.float64)
+    value = torch.tensor([float(metrics.get(k, 0.0)) for k in keys], dtype=torch.float64)
+    kind = [_combine(k) for k in keys]
+    low = torch.tensor([-torch.inf if c != "mean" else 0.0 for c in kind], dtype=torch.float64)
+    signs = torch.tensor([-1.0 if c == "min" else 1.0 for c in kind], dtype=torch.float64)
+    device = mesh.device_type
+    sums = all_reduce(torch.stack([value * has, has]).to(device), mesh).cpu()  # (2, k)
+    tops = all_reduce(torch.where(has > 0, value * signs, low).to(device), mesh, op="max").cpu()  # (k,)
+    out = {}
+    for i, (key, c) in enumerate(zip(keys, kind, strict=True)):
+        out[key] = float(sums[0, i] / sums[1, i]) if c == "mean" else float(tops[i] * signs[i])
+    return out
+
+
 def all_reduce_int(value: int, mesh: DeviceMesh | None, *, op: Literal["sum", "max", "min"] = "sum") -> int:
     """`all_reduce` of one Python int (a host sync; for counts that decide control flow)."""
     if mesh is None:

@@ -6,6 +6,9 @@
     RLCORE_TEST_PAUSE_IN_SAVE=60       stall every checkpoint save for 60 s before its commit
     RLCORE_TEST_SAVE_ERROR=2:1         the checkpoint save of step 2 fails on rank 1 only (disk full)
     RLCORE_TEST_NAN_AT_STEPS=2,3       make the advantages of steps 2 and 3 NaN (the update must be skipped)
+    RLCORE_TEST_DUMP_STATE=DIR         at the end of the run, every rank writes DIR/rank<r>.json: its run state
+                                       (KL coefficient, data cursor, step, bad updates) and whether its
+                                       engine holds the trained weights (what must agree across ranks)
     RLCORE_TEST_SYNC_PER_BUCKET=1      push weights with one load_weights call per bucket (the issue-24 bug:
                                        vLLM then runs a half-loaded policy; the step-1 gap check must say so)
 
@@ -16,10 +19,12 @@ The run loop calls `kill_point` at its phase boundaries, `checkpoints.save` call
 from __future__ import annotations
 
 import errno
+import json
 import math
 import os
 import signal
 import time
+from pathlib import Path
 
 from rlcore.batch import Batch
 
@@ -59,3 +64,12 @@ def push_per_bucket(engine: object, push: object) -> bool:
     for bucket in push._buckets:  # type: ignore[attr-defined]
         engine.load_weights(bucket)  # type: ignore[attr-defined]
     return True
+
+
+def dump_state(directory: str | None, rank: int, state: dict, engine_matches_policy: bool | None) -> None:
+    """Write `state` (JSON-able) and the engine check to directory/rank<rank>.json (RLCORE_TEST_DUMP_STATE)."""
+    if not directory:
+        return
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    record = state | {"engine_matches_policy": engine_matches_policy}
+    (Path(directory) / f"rank{rank}.json").write_text(json.dumps(record, sort_keys=True))

@@ -158,6 +158,27 @@ def push_weights(model: Any, engine: Any, *, bucket_bytes: int) -> dict[str, flo
     return {"sync/bytes": float(push.bytes), "sync/tensors": float(push.tensors)}
 
 
+def engine_holds(model: Any, engine: Any) -> bool | None:
+    """Whether `engine` samples with `model`'s current weights (None: cannot tell, e.g. vLLM). A
+    collective under FSDP: every rank calls it."""
+    inner = getattr(engine, "inner", engine)
+    own = getattr(inner, "model", None)
+    if own is model:
+        return True
+    if own is None:
+        return None
+    from rlcore.dist.stream import iter_full_state
+    from rlcore.rollout.native import canonical_name
+
+    mine = own.state_dict()
+    same = True
+    for bucket in iter_full_state(model, all_ranks=True):
+        same &= all(
+            torch.equal(mine[canonical_name(n)], t.to(mine[canonical_name(n)].device)) for n, t in bucket
+        )
+    return same
+
+
 def save_final(p: Any) -> None:
     """out_dir/final: a Hugging Face directory that from_pretrained (and vLLM) loads."""
     from rlcore.dist.stream import save_hf_pretrained

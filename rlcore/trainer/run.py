@@ -22,6 +22,7 @@ from rlcore.data.prompts import pad_token_id
 from rlcore.data.rows import DataError
 from rlcore.data.sources import read_sources
 from rlcore.dist.mesh import close_distributed
+from rlcore.dist.reduce import all_reduce, reduce_metrics
 from rlcore.pure.kl import adaptive_kl_coef
 from rlcore.rewards.custom import RewardSpecError
 from rlcore.rewards.pool import RewardScorer
@@ -76,6 +77,7 @@ def run(cfg: Config) -> int:
         return 2
     try:
         loop(pieces)
+        _dump_state(pieces)  # test-only (RLCORE_TEST_DUMP_STATE)
     except StopRun as e:  # disk trouble, an unusable checkpoint: the user's to fix
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
@@ -89,6 +91,19 @@ def run(cfg: Config) -> int:
             pieces.engine.close()
         close_distributed()
     return 0
+
+
+def _dump_state(p: Pieces) -> None:
+    """RLCORE_TEST_DUMP_STATE: every rank writes the run state that must agree across ranks."""
+    import os
+
+    from rlcore.trainer.models import engine_holds
+
+    directory = os.environ.get("RLCORE_TEST_DUMP_STATE")
+    if directory:
+        state = {"step": p.state.step, "kl_coef": p.kl_coef, "data": p.train_ds.state_dict(),
+                 "bad_updates": p.state.bad_updates}  # fmt: skip
+        faults.dump_state(directory, p.dist.rank, state, engine_holds(p.state.model, p.engine))
 
 
 # ---------------------------------------------------------------- build
@@ -247,8 +262,12 @@ def _overlong(cfg: Config) -> OverlongPenalty | None:
 
 
 def collect(p: Pieces, step: int) -> tuple[Batch, dict[str, torch.Tensor]]:
-    """Rollout + rewards for one step; with dynamic sampling, more rounds until the batch is full."""
+    """Rollout + rewards for one step; with dynamic sampling, more rounds until every rank's share of the
+    batch is full (decided over all ranks, so every rank draws the same global batches)."""
+    from rlcore.dist.reduce import all_reduce_int
+
     cfg, wanted = p.cfg, p.cfg.data.batch_size
+    share = wanted // p.dist.world_size  # this rank's prompts
     kept: list[Batch] = []
     metrics: dict[str, torch.Tensor] = {}
     rounds = cfg.algo.max_sampling_rounds if cfg.algo.dynamic_sampling else 1
@@ -267,12 +286,13 @@ def collect(p: Pieces, step: int) -> tuple[Batch, dict[str, torch.Tensor]]:
         batch, n_kept, n_seen = filter_groups(batch)
         groups_seen, groups_kept = groups_seen + n_seen, groups_kept + n_kept
         kept.append(batch)
-        if groups_kept >= wanted // p.dist.world_size:  # this rank's share of the prompts
+        if all_reduce_int(groups_kept, p.mesh, op="min") >= share:  # every rank is full
             break
     batch = concat_rollouts(kept, pad_token_id(p.tokenizer)) if len(kept) > 1 else kept[0]
-    batch = batch[: min(len(batch), wanted // p.dist.world_size * cfg.rollout.n)]
-    metrics["train/groups_drawn"] = torch.tensor(float(groups_seen))
-    metrics["train/groups_kept_frac"] = torch.tensor(groups_kept / max(groups_seen, 1))
+    batch = batch[: min(len(batch), share * cfg.rollout.n)]
+    seen, kept_all = all_reduce_int(groups_seen, p.mesh), all_reduce_int(groups_kept, p.mesh)
+    metrics["train/groups_drawn"] = torch.tensor(float(seen))  # over all ranks
+    metrics["train/groups_kept_frac"] = torch.tensor(kept_all / max(seen, 1))
     return batch, metrics
 
 
@@ -303,8 +323,17 @@ def sft_step(p: Pieces, step: int) -> dict[str, float]:
     )
     metrics["sft/nll"] = metrics["actor/pg_loss"]
     metrics["response/length_mean"] = float(batch["response_mask"].sum(-1).float().mean())
+    metrics |= _sync(p)  # validation samples from the engine: it must hold the trained weights
     metrics["timing/step_s"] = time.perf_counter() - started
-    return metrics
+    return reduce_metrics(metrics, p.mesh)
+
+
+def _sync(p: Pieces) -> dict[str, float]:
+    """Push the actor's weights into the engine; `sync/*` and `timing/sync_s`."""
+    from rlcore.trainer.models import sync_weights
+
+    started = time.perf_counter()
+    return sync_weights(p) | {"timing/sync_s": time.perf_counter() - started}
 
 
 def train_step(p: Pieces, step: int) -> dict[str, float]:
@@ -323,16 +352,12 @@ def train_step(p: Pieces, step: int) -> dict[str, float]:
         faults.kill_point(step, "update")
     finally:
         p.engine.wake()
-    from rlcore.trainer.models import sync_weights
-
-    synced = time.perf_counter()
-    metrics |= sync_weights(p)
-    metrics["timing/sync_s"] = time.perf_counter() - synced
+    metrics |= _sync(p)
     seconds = time.perf_counter() - started
     tokens = batch["attention_mask"].sum() + batch["response_attention"].sum()
     metrics["timing/step_s"] = torch.tensor(seconds)
     metrics["throughput/tokens_per_s"] = tokens / seconds
-    return {k: float(v) for k, v in metrics.items()}
+    return reduce_metrics({k: float(v) for k, v in metrics.items()}, p.mesh)
 
 
 def _fewest_rows(p: Pieces, rows: int) -> int:
@@ -388,16 +413,25 @@ def learn(p: Pieces, step: int, batch: Batch) -> dict[str, torch.Tensor | float]
             return metrics
     p.state, um = update_step(
         p.state, batch, cfg.algo, cfg.optim, mesh=p.mesh, horizon=cfg.rollout.max_tokens,
-        temperature=cfg.rollout.temperature,
+        temperature=cfg.rollout.temperature, seed=cfg.trainer.seed,
     )  # fmt: skip
     _check_bad_updates(p, step, um)
     metrics |= um
     metrics["timing/update_s"] = time.perf_counter() - update_started
     if cfg.algo.kl_coef > 0 and cfg.algo.kl_ctrl == "adaptive":
-        observed = metrics["actor/reward_kl_penalty"]
-        p.kl_coef = float(adaptive_kl_coef(p.kl_coef, observed, len(batch), target=cfg.algo.kl_target,
-                                           horizon=cfg.algo.kl_horizon))  # fmt: skip
+        p.kl_coef = _next_kl_coef(p, metrics["actor/reward_kl_penalty"], rows=len(batch))
     return metrics
+
+
+def _next_kl_coef(p: Pieces, local_kl: torch.Tensor, *, rows: int) -> float:
+    """The adaptive controller's next coefficient from the KL of the global batch (ranks hold equal rows:
+    the mean of the ranks' means), with verl's n_steps = the step's batch size over all ranks."""
+    world = p.dist.world_size
+    observed = all_reduce(local_kl.to(p.dist.device), p.mesh) / world
+    a = p.cfg.algo
+    return float(
+        adaptive_kl_coef(p.kl_coef, observed.cpu(), rows * world, target=a.kl_target, horizon=a.kl_horizon)
+    )
 
 
 class TrainingDiverged(RuntimeError):

@@ -155,3 +155,16 @@ def critic_update_worker(rank: int, directory: Path, batch: Batch) -> None:
     weights = gathered_state(critic)
     if rank == 0:
         torch.save({"metrics": metrics, "weights": weights}, directory / "critic.pt")
+
+
+def reduce_metrics_worker(rank: int, directory: Path) -> None:
+    """Each rank reduces its own metrics; every rank writes what it got."""
+    import json
+
+    from rlcore.dist.reduce import reduce_metrics
+
+    mesh = build_mesh(init_distributed("cpu"))
+    local = {"a": rank + 1.0, "b_max": 10.0 * rank, "c/min": 5.0 - rank, "d/max": -1.0 - rank}
+    if rank == 0:
+        local["only_rank0"] = 7.0
+    (directory / f"reduced{rank}.json").write_text(json.dumps(reduce_metrics(local, mesh)))
