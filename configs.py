@@ -97,8 +97,14 @@ class RewardConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class AlgoConfig:
+    objective: Literal["rl", "sft"] = "rl"
+    """rl: rollouts, rewards, advantages, policy updates. sft: supervised steps on the rows' ground
+    truths (teacher-forced; the sft preset), validated like rl."""
     adv_estimator: str = "grpo"
-    """Advantage estimator: gae, grpo, rloo, opo, gpg, reinforce_pp, reinforce_pp_baseline, remax, grpo_passk."""
+    """Advantage estimator: a key of rlcore.pure.advantages.ESTIMATORS (gae, grpo, rloo, opo, gpg,
+    reinforce_pp, reinforce_pp_baseline, remax, grpo_passk, or one a script added). Its parameters say
+    what it reads: group_ids (n >= 2), values (a critic is trained), baseline_rewards (a greedy
+    rollout); keyword parameters named like an --algo flag get that flag's value."""
     norm_by_std: bool = True
     """grpo: divide by the group's std (False is Dr.GRPO)."""
     gamma: float = 1.0
@@ -106,7 +112,8 @@ class AlgoConfig:
     lam: float = 1.0
     """GAE lambda."""
     policy_loss: str = "ppo_clip"
-    """Policy loss: ppo_clip (vanilla), gspo, cispo, gpg, sapo, geo_mean, clip_cov, kl_cov."""
+    """Policy loss: a key of rlcore.pure.losses.POLICY_LOSSES (ppo_clip (vanilla), gspo, cispo, gpg,
+    sapo, geo_mean, clip_cov, kl_cov, or one a script added); flags bound by name as for estimators."""
     loss_agg: Literal[
         "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
     ] = "token-mean"
@@ -280,7 +287,7 @@ PRESETS: dict[str, tuple[str, Config]] = {
     ),
     "sft": (
         "Supervised fine-tuning on prompt/response rows (warm starts): the gpg loss with unit advantages",
-        _algo(preset="sft", policy_loss="gpg"),
+        _algo(preset="sft", objective="sft", policy_loss="gpg"),
     ),
 }
 
@@ -295,10 +302,11 @@ def _need(ok: bool, message: str) -> None:
 
 def validate(cfg: Config, *, world_size: int = 1) -> None:
     """Check a config before anything expensive; raise ConfigError naming the flag, value and fix."""
+    from rlcore.algorithm import estimator_inputs, missing_inputs, parameters
     from rlcore.data.sources import check_sources_exist
+    from rlcore.pure.advantages import ESTIMATORS
     from rlcore.pure.kl import KL_KINDS
     from rlcore.pure.losses import POLICY_LOSSES
-    from rlcore.steps import ESTIMATOR_INPUTS as ESTIMATORS
 
     d, r, a, t = cfg.data, cfg.rollout, cfg.algo, cfg.trainer
     _need(d.batch_size >= 1, f"--data.batch-size {d.batch_size}: must be >= 1")
@@ -326,10 +334,24 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
     )
     for flag, kind in (("--algo.kl-kind", a.kl_kind), ("--algo.kl-loss-kind", a.kl_loss_kind)):
         _need(kind in KL_KINDS, f"{flag} {kind!r}: choose one of {list(KL_KINDS)}")
-    group_needed = a.adv_estimator in {"grpo", "rloo", "opo", "gpg", "reinforce_pp_baseline", "grpo_passk"}
+    estimator = ESTIMATORS[a.adv_estimator]
+    unknown = [n for n in missing_inputs(estimator) if n not in {f.name for f in dataclasses.fields(a)}]
     _need(
-        not group_needed or r.n >= 2 or cfg.preset == "sft",
+        not unknown,
+        f"--algo.adv-estimator {a.adv_estimator}: its parameters {unknown} are neither batch inputs "
+        f"(token_rewards, response_mask, group_ids, values, baseline_rewards) nor --algo flags; give them defaults",
+    )
+    _need(
+        "token_rewards" in estimator_inputs(estimator) and "response_mask" in estimator_inputs(estimator),
+        f"--algo.adv-estimator {a.adv_estimator}: an estimator takes (token_rewards, response_mask, ...)",
+    )
+    _need(
+        "group_ids" not in estimator_inputs(estimator) or r.n >= 2 or a.objective == "sft",
         f"--rollout.n {r.n}: --algo.adv-estimator {a.adv_estimator} compares samples of a prompt; use n >= 2",
+    )
+    _need(
+        {"logprob", "old_logprob", "advantages", "response_mask"} <= parameters(POLICY_LOSSES[a.policy_loss]),
+        f"--algo.policy-loss {a.policy_loss}: a policy loss takes (logprob, old_logprob, advantages, response_mask, ...)",
     )
     if a.mini_batch_size is not None:
         _need(

@@ -2,7 +2,7 @@
 
     critic = build_critic("builtin:tiny-reverse", seed=0)              # or a Hugging Face directory
     batch = batch.with_(values=compute_values(critic, batch))          # V(s_t) for every response token
-    state, metrics = critic_update(state, batch, algo_cfg, critic_cfg, mesh=mesh)
+    state, metrics = critic_update(state, batch, partial(value_loss, clip=0.5), plan, mesh=mesh, horizon=64)
 
 V(s_t) is read at the position *before* response token t (the state the token is sampled from), as
 verl's critic does (`values[:, -response_length - 1 : -1]`). The head starts at zero, so the first
@@ -13,21 +13,18 @@ global token / sequence counts, so any world size and micro-batch split give the
 
 from __future__ import annotations
 
-import dataclasses
-import warnings
+from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from configs import AlgoConfig, CriticConfig
 from rlcore.batch import Batch
-from rlcore.dist.fsdp import model_mesh, set_gradient_sync
-from rlcore.dist.reduce import all_reduce
-from rlcore.models.forward import aligned_micro_batches, micro_batches, model_inputs, packed_mask
+from rlcore.models.forward import micro_batches, model_inputs, packed_mask
 from rlcore.models.policy import load_policy
-from rlcore.pure.losses import value_loss
 from rlcore.pure.masks import masked_mean, masked_sum, masked_var
-from rlcore.update import TrainState, _grad_norm, mini_batches
+from rlcore.update import ModelState, UpdatePlan, run_updates
 
 
 class ValueModel(nn.Module):
@@ -91,14 +88,21 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
     return 1.0 - masked_var(returns - values, mask) / (masked_var(returns, mask) + 1e-8)
 
 
-def _micro_value_loss(critic, micro, algo_cfg, critic_cfg, norms) -> tuple[Tensor, dict[str, Tensor]]:
-    values = response_values(critic, micro, share_prompts=algo_cfg.share_prompts)  # (m, r), with grad
+def critic_micro_loss(
+    critic: nn.Module,
+    micro: Batch,
+    norms: dict[str, Any],
+    *,
+    value_loss_fn: Callable[..., tuple[Tensor, dict[str, Tensor]]],
+    share_prompts: bool = True,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The critic's micro-batch loss (a `rlcore.update.MicroLoss` once the keywords are bound):
+    `value_loss_fn(values, old_values, returns, mask, num_tokens=, num_seqs=, horizon=)` with its
+    clip and aggregation bound; metrics under `critic/`."""
+    values = response_values(critic, micro, share_prompts=share_prompts)  # (m, r), with grad
     r = values.shape[1]
     mask = micro["response_mask"][:, :r]
-    loss, metrics = value_loss(
-        values, micro["values"][:, :r], micro["returns"][:, :r], mask, clip=critic_cfg.value_clip,
-        agg=algo_cfg.loss_agg, **norms,
-    )  # fmt: skip
+    loss, metrics = value_loss_fn(values, micro["values"][:, :r], micro["returns"][:, :r], mask, **norms)
     share = (mask != 0).sum() / norms["num_tokens"]
     sums = {
         "critic/vf_loss": loss.detach(),
@@ -108,63 +112,26 @@ def _micro_value_loss(critic, micro, algo_cfg, critic_cfg, norms) -> tuple[Tenso
     return loss, sums
 
 
-def _one_critic_update(
-    state: TrainState, mini: Batch, algo_cfg, critic_cfg, mesh, horizon
-) -> dict[str, Tensor]:
-    critic, optimizer = state.model, state.optimizer
-    optimizer.zero_grad(set_to_none=True)
-    kept = mini["response_mask"] != 0
-    counts = all_reduce(torch.stack([kept.sum(), kept.any(dim=-1).sum()]), mesh)
-    num_tokens, num_seqs = counts.to(torch.float32).clamp(min=1.0).unbind()
-    norms = {"num_tokens": num_tokens, "num_seqs": num_seqs, "horizon": horizon}
-    pieces = aligned_micro_batches(mini, mesh, micro_batch_size=algo_cfg.micro_batch_size,
-                                   max_tokens=algo_cfg.max_tokens_per_micro_batch)  # fmt: skip
-    sums: dict[str, Tensor] = {}
-    for i, (micro, _) in enumerate(pieces):
-        set_gradient_sync(critic, i == len(pieces) - 1)
-        loss, metrics = _micro_value_loss(critic, micro, algo_cfg, critic_cfg, norms)
-        loss.backward()
-        sums = {k: sums.get(k, 0) + v for k, v in metrics.items()}
-    sums = {k: all_reduce(v, mesh) for k, v in sums.items()}  # each rank holds its share of the total
-    grad_norm = _grad_norm(critic, critic_cfg.grad_clip)
-    if bool(torch.isfinite(grad_norm)):
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Detected call of")
-        state.scheduler.step()
-    return {k: v.float().cpu() for k, v in sums.items()} | {
-        "critic/grad_norm": grad_norm.detach().float().cpu()
-    }
-
-
 def critic_update(
-    state: TrainState,
+    state: ModelState,
     batch: Batch,
-    algo_cfg: AlgoConfig,
-    critic_cfg: CriticConfig,
+    value_loss_fn: Callable[..., tuple[Tensor, dict[str, Tensor]]],
+    plan: UpdatePlan,
     *,
     mesh=None,
     horizon: int,
-) -> tuple[TrainState, dict[str, float]]:
-    """`ppo_epochs` x mini-batches updates of the critic toward `returns`; (new state, metrics).
+) -> tuple[ModelState, dict[str, float]]:
+    """`plan.ppo_epochs` x mini-batches updates of the critic toward `returns` (`rlcore.update.run_updates`).
 
     Batch fields: the sequence fields, `values` (rollout-time V, the clip anchor), `returns`.
+    `value_loss_fn`: e.g. `partial(rlcore.pure.losses.value_loss, clip=0.5, agg="token-mean")`.
     Metrics: critic/vf_loss, critic/vf_clipfrac, critic/vpred_mean, critic/grad_norm (means over
-    updates), critic/explained_variance (of the rollout-time values), critic/lr.
+    updates), critic/explained_variance (of the rollout-time values), critic/returns_mean, critic/lr,
+    critic/bad_updates.
     """
-    mesh = mesh if mesh is not None else model_mesh(state.model)
-    minis = mini_batches(batch, algo_cfg.mini_batch_size, mesh)
-    totals: dict[str, Tensor] = {}
-    updates = 0
-    for _ in range(algo_cfg.ppo_epochs):
-        for mini in minis:
-            for k, v in _one_critic_update(state, mini, algo_cfg, critic_cfg, mesh, horizon).items():
-                totals[k] = totals.get(k, 0) + v
-            updates += 1
-    metrics = {k: float(v) / updates for k, v in totals.items()}
+    loss = partial(critic_micro_loss, value_loss_fn=value_loss_fn, share_prompts=plan.share_prompts)
+    state, metrics = run_updates(state, batch, loss, plan, mesh=mesh, horizon=horizon, prefix="critic")
     mask = batch["response_mask"]
     metrics["critic/explained_variance"] = float(explained_variance(batch["values"], batch["returns"], mask))
     metrics["critic/returns_mean"] = float(masked_mean(batch["returns"], mask))
-    metrics["critic/lr"] = state.optimizer.param_groups[0]["lr"]
-    return dataclasses.replace(state, step=state.step + 1), metrics
+    return state, metrics

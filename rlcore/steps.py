@@ -6,31 +6,29 @@ and a research script can call them directly (see experiments/custom_advantage.p
     batch, m1 = rollout_step(engine, prompts, sampling)
     batch, m2 = score_step(scorer, batch, tokenizer=tokenizer)
     batch = logprob_step(model, batch, temperature=1.0)                    # + old_logprobs
-    batch, m3 = advantage_step(batch, cfg.algo, kl_coef=0.0)               # + advantages, returns
-    state, m4 = update_step(state, batch, cfg.algo, cfg.optim, horizon=cfg.rollout.max_tokens)
+    batch, m3 = advantage_step(batch, algorithm, kl_coef=0.0)              # + advantages, returns
+    actor, m4 = update_step(actor, batch, algorithm, plan, horizon=64)     # rlcore.update
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from configs import AlgoConfig
+from rlcore.algorithm import Algorithm
 from rlcore.batch import Batch
-from rlcore.pure.advantages import ESTIMATORS
 from rlcore.pure.kl import apply_kl_penalty
 from rlcore.pure.masks import masked_mean
 from rlcore.rewards.step import score_step
 from rlcore.rollout.base import RolloutEngine, SamplingParams
 
 __all__ = [
-    "ESTIMATOR_INPUTS",
     "advantage_step",
     "concat_rollouts",
+    "estimator_kwargs",
     "filter_groups",
     "group_ids",
     "logprob_step",
@@ -78,28 +76,21 @@ def logprob_step(model: Any, batch: Batch, *, key: str = "old_logprobs", **forwa
     return batch.with_(**{key: logprobs}, overwrite=True)
 
 
-def _grouped(fn: Callable[..., tuple[Tensor, Tensor]]) -> Callable[..., tuple[Tensor, Tensor]]:
-    return lambda r, m, b, a: fn(r, m, group_ids(b))
-
-
-# How each estimator is fed from a Batch and the algorithm config: (rewards, mask, batch, algo) -> (adv, ret).
-ESTIMATOR_INPUTS: dict[str, Callable[[Tensor, Tensor, Batch, AlgoConfig], tuple[Tensor, Tensor]]] = {
-    "gae": lambda r, m, b, a: ESTIMATORS["gae"](r, b["values"], m, gamma=a.gamma, lam=a.lam),
-    "grpo": lambda r, m, b, a: ESTIMATORS["grpo"](r, m, group_ids(b), norm_by_std=a.norm_by_std),
-    "grpo_passk": lambda r, m, b, a: ESTIMATORS["grpo_passk"](r, m, group_ids(b), norm_by_std=a.norm_by_std),
-    "rloo": _grouped(ESTIMATORS["rloo"]),
-    "opo": _grouped(ESTIMATORS["opo"]),
-    "gpg": _grouped(ESTIMATORS["gpg"]),
-    "reinforce_pp_baseline": _grouped(ESTIMATORS["reinforce_pp_baseline"]),
-    "reinforce_plus_plus_baseline": _grouped(ESTIMATORS["reinforce_pp_baseline"]),
-    "reinforce_pp": lambda r, m, b, a: ESTIMATORS["reinforce_pp"](r, m, gamma=a.gamma),
-    "reinforce_plus_plus": lambda r, m, b, a: ESTIMATORS["reinforce_pp"](r, m, gamma=a.gamma),
-    "remax": lambda r, m, b, a: ESTIMATORS["remax"](r, m, b["baseline_rewards"]),
-}
+def estimator_kwargs(algorithm: Algorithm, batch: Batch, rewards: Tensor) -> dict[str, Tensor]:
+    """The batch inputs the estimator names in its signature (rlcore.algorithm.ESTIMATOR_INPUTS)."""
+    wanted = algorithm.inputs
+    available = {
+        "token_rewards": lambda: rewards,
+        "response_mask": lambda: batch["response_mask"],
+        "group_ids": lambda: group_ids(batch),
+        "values": lambda: batch["values"],
+        "baseline_rewards": lambda: batch["baseline_rewards"],
+    }
+    return {name: get() for name, get in available.items() if name in wanted}
 
 
 def advantage_step(
-    batch: Batch, algo: AlgoConfig, *, kl_coef: float = 0.0
+    batch: Batch, algorithm: Algorithm, *, kl_coef: float = 0.0
 ) -> tuple[Batch, dict[str, Tensor]]:
     """Batch + `token_rewards` (scores minus the KL penalty when kl_coef > 0), `advantages`, `returns`."""
     scores, mask = batch["token_scores"], batch["response_mask"]
@@ -107,10 +98,10 @@ def advantage_step(
     rewards = scores
     if kl_coef > 0:
         rewards, kl_metrics = apply_kl_penalty(
-            scores, batch["old_logprobs"], batch["ref_logprobs"], mask, coef=kl_coef, kind=algo.kl_kind
+            scores, batch["old_logprobs"], batch["ref_logprobs"], mask, coef=kl_coef, kind=algorithm.kl_kind
         )
         metrics |= {f"actor/{k}": v for k, v in kl_metrics.items()}
-    advantages, returns = ESTIMATOR_INPUTS[algo.adv_estimator](rewards, mask, batch, algo)
+    advantages, returns = algorithm.advantage_fn(**estimator_kwargs(algorithm, batch, rewards))
     metrics |= {
         "critic/score/mean": scores.sum(-1).mean(),
         "critic/rewards/mean": rewards.sum(-1).mean(),

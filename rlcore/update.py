@@ -1,9 +1,13 @@
 """The policy update: `update_step(state, batch, ...) -> (state, metrics)`, plus optimizer and schedule.
 
-    state = TrainState(model=model, optimizer=opt, scheduler=build_scheduler(opt, cfg.optim, total_updates),
-                       kl_coef=cfg.algo.kl_coef)                      # opt = build_optimizer(model, cfg.optim)
-    state, metrics = update_step(state, batch, cfg.algo, cfg.optim, mesh=mesh,
-                                 horizon=cfg.rollout.max_tokens, temperature=cfg.rollout.temperature)
+    opt = build_optimizer(model, lr=1e-6)
+    actor = ModelState(model=model, optimizer=opt, scheduler=build_scheduler(opt, total_updates=100))
+    plan = UpdatePlan(ppo_epochs=1, mini_batch_size=None, micro_batch_size=8)
+    actor, metrics = update_step(actor, batch, algorithm, plan, mesh=mesh, horizon=512, temperature=1.0)
+
+`algorithm` is a `rlcore.algorithm.Algorithm` (the policy loss and its terms as bound callables);
+`run_updates` is the one update loop, shared with the critic (`rlcore.critic.critic_update`): each
+model's update is a micro-batch loss plugged into it.
 
 One call runs `ppo_epochs` passes over the batch; each pass splits it into mini-batches of
 `mini_batch_size` prompts (whole groups of consecutive rows with the same `uid`; the size is global,
@@ -26,13 +30,13 @@ a non-finite loss or gradient norm on any rank is skipped on every rank and coun
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import itertools
 import math
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -41,7 +45,7 @@ from torch.distributed.tensor import DTensor
 from torch.optim import AdamW, Optimizer
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
-from configs import AlgoConfig, OptimConfig
+from rlcore.algorithm import Algorithm, parameters
 from rlcore.batch import Batch
 from rlcore.dist.fsdp import model_mesh, set_gradient_sync
 from rlcore.dist.reduce import all_reduce, mesh_size
@@ -54,41 +58,59 @@ from rlcore.models.forward import (
 )
 from rlcore.pure.kl import kl_estimate
 from rlcore.pure.logprobs import token_logprobs
-from rlcore.pure.losses import POLICY_LOSSES, aggregate
+from rlcore.pure.losses import aggregate
 from rlcore.pure.masks import apply_mask, masked_sum
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class TrainState:
-    """What one training step hands to the next; replaced (never mutated) by `update_step`.
+class ModelState:
+    """A trained model with its optimizer and schedule (the actor's or the critic's); replaced, never
+    mutated, by `run_updates`.
 
     The model's parameters and the optimizer's state change in place (`optimizer.step()`): the one
     documented exception to immutability.
     """
 
     model: nn.Module
-    """The policy: a plain module (1 process) or an FSDP2-sharded one."""
+    """A plain module (1 process) or an FSDP2-sharded one."""
     optimizer: Optimizer
     """AdamW over the model's parameters (`build_optimizer`)."""
     scheduler: LRScheduler
     """Learning-rate schedule, stepped once per optimizer update (`build_scheduler`)."""
     step: int = 0
-    """Training steps done (`update_step` calls)."""
-    kl_coef: float = 0.0
-    """Coefficient of the KL penalty in the reward (changed by the adaptive controller, not here)."""
+    """`run_updates` calls so far (training steps that updated this model)."""
     bad_updates: int = 0
     """Consecutive optimizer updates skipped for a non-finite loss or gradient norm."""
 
 
-def build_optimizer(model: nn.Module, optim_cfg: OptimConfig) -> Optimizer:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class UpdatePlan:
+    """How one step's batch becomes optimizer updates (the same plan drives actor and critic)."""
+
+    ppo_epochs: int = 1
+    """Passes over the batch."""
+    mini_batch_size: int | None = None
+    """Prompts per optimizer update over all ranks (None: the whole batch)."""
+    micro_batch_size: int = 64
+    """Rows per forward/backward (gradient accumulation inside a mini-batch)."""
+    max_tokens_per_micro_batch: int | None = None
+    """A token budget per micro-batch instead of a row count."""
+    share_prompts: bool = True
+    """Compute each prompt once for its samples (packed forwards) where it pays."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0: off)."""
+
+
+def build_optimizer(
+    model: nn.Module,
+    *,
+    lr: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+) -> Optimizer:
     """AdamW over every parameter of `model` (sharded DTensors included), weight decay on all of them."""
-    return AdamW(
-        model.parameters(),
-        lr=optim_cfg.lr,
-        betas=optim_cfg.betas,
-        eps=optim_cfg.eps,
-        weight_decay=optim_cfg.weight_decay,
-    )
+    return AdamW(model.parameters(), lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
 
 def lr_factor(update: int, *, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
@@ -105,20 +127,23 @@ def lr_factor(update: int, *, warmup: int, total: int, schedule: str, min_ratio:
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_scheduler(optimizer: Optimizer, optim_cfg: OptimConfig, total_updates: int) -> LRScheduler:
-    """Linear warm-up over `optim_cfg.warmup_steps` updates, then constant or cosine (see `lr_factor`).
+def build_scheduler(
+    optimizer: Optimizer,
+    *,
+    total_updates: int,
+    warmup_steps: int = 0,
+    schedule: str = "constant",
+    min_lr_ratio: float = 0.0,
+) -> LRScheduler:
+    """Linear warm-up over `warmup_steps` updates, then constant or cosine (see `lr_factor`).
 
     `total_updates` is the number of optimizer updates of the run (steps x ppo_epochs x mini-batches).
     Its `state_dict()` is JSON-able (the factor is a `functools.partial` of a module function).
     """
-    if optim_cfg.schedule not in ("constant", "cosine"):
-        raise ValueError(f"--optim.schedule must be constant or cosine, got {optim_cfg.schedule!r}")
+    if schedule not in ("constant", "cosine"):
+        raise ValueError(f"--optim.schedule must be constant or cosine, got {schedule!r}")
     factor = partial(
-        lr_factor,
-        warmup=optim_cfg.warmup_steps,
-        total=total_updates,
-        schedule=optim_cfg.schedule,
-        min_ratio=optim_cfg.min_lr_ratio,
+        lr_factor, warmup=warmup_steps, total=total_updates, schedule=schedule, min_ratio=min_lr_ratio
     )
     return LambdaLR(optimizer, factor)
 
@@ -174,76 +199,9 @@ def _accumulate(totals: dict[str, Tensor], metrics: dict[str, Tensor]) -> None:
         totals[key] = combine(totals[key], value) if key in totals else value
 
 
-def _needed_fields(batch: Batch, algo_cfg: AlgoConfig) -> tuple[str, ...]:
-    fields = [*SEQUENCE_FIELDS, "advantages"]
-    if "old_logprobs" in batch:
-        fields.append("old_logprobs")
-    elif "rollout_logprobs" in batch:  # on-policy: the rollout gap is measured in the update
-        fields.append("rollout_logprobs")
-    if algo_cfg.use_kl_loss:
-        fields.append("ref_logprobs")
-    if algo_cfg.tis_cap is not None and "rollout_logprobs" not in fields:
-        fields.append("rollout_logprobs")
-    why = {"ref_logprobs": "--algo.use-kl-loss", "rollout_logprobs": "--algo.tis-cap"}
-    for key in fields:
-        if key not in batch:
-            reason = f" (needed by {why[key]})" if key in why else ""
-            raise ValueError(f"update_step: the batch has no field {key!r}{reason}")
-    return (*fields, "uid") if "uid" in batch else tuple(fields)
-
-
-def _micro_loss(
-    model: nn.Module,
-    micro: Batch,
-    algo_cfg: AlgoConfig,
-    norms: dict[str, Tensor | int],
-    temperature: float,
-    generator: torch.Generator | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """This micro-batch's share of the mini-batch loss and its (local) metric sums."""
-    inputs = model_inputs(model, micro, share_prompts=algo_cfg.share_prompts)
-    logits = response_logits(model, inputs)  # (m, r, v)
-    r = logits.shape[1]
-    logprob = token_logprobs(logits, inputs.labels, temperature=temperature)  # (m, r) float32
-    mask = micro["response_mask"][:, :r]  # (m, r)
-    on_policy = "old_logprobs" not in micro  # one update: the policy is its own old policy
-    old = logprob.detach() if on_policy else micro["old_logprobs"][:, :r]
-    is_weights = None
-    if algo_cfg.tis_cap is not None:  # truncated importance sampling: trainer vs rollout probabilities
-        log_w = (old - micro["rollout_logprobs"][:, :r]).clamp(-20.0, 20.0)
-        is_weights = log_w.exp().clamp(max=algo_cfg.tis_cap)  # (m, r)
-    extra = {"clip_c": algo_cfg.clip_c} if algo_cfg.policy_loss in ("ppo_clip", "vanilla") else {}
-    if "generator" in inspect.signature(POLICY_LOSSES[algo_cfg.policy_loss]).parameters:
-        extra["generator"] = generator  # clip_cov: new token draws every step, the same on a resume
-    agg = {"num_tokens": norms["num_tokens"], "num_seqs": norms["num_seqs"], "horizon": norms["horizon"]}
-    pg_loss, pg_metrics = POLICY_LOSSES[algo_cfg.policy_loss](
-        logprob, old, micro["advantages"][:, :r], mask, agg=algo_cfg.loss_agg,
-        clip_low=algo_cfg.clip_low, clip_high=algo_cfg.clip_high, is_weights=is_weights, **extra, **agg,
-    )  # fmt: skip
-    loss = pg_loss
-    if algo_cfg.entropy_coef > 0:
-        ent = token_entropy(logits, temperature=temperature)  # (m, r), differentiable
-        loss = loss - algo_cfg.entropy_coef * aggregate(ent, mask, algo_cfg.loss_agg, **agg)
-    else:
-        with torch.no_grad():
-            ent = token_entropy(logits.detach(), temperature=temperature)
-    share = (mask != 0).sum() / norms["num_tokens"]  # this micro-batch's share of the mini-batch tokens
-    metrics = {
-        "actor/pg_loss": pg_loss.detach(),
-        "actor/entropy": masked_sum(ent.detach(), mask) / norms["num_tokens"],
-        "actor/shared_prompt_frac": share * float(inputs.gather is not None),  # tokens in packed forwards
-    }
-    metrics |= {f"actor/{k}": v.detach() * share for k, v in pg_metrics.items()}
-    if on_policy and "rollout_logprobs" in micro:  # the engine's log-probs vs these, as logprob_gap
-        gap = apply_mask((old - micro["rollout_logprobs"][:, :r]).abs(), mask)  # (m, r)
-        metrics["rollout/logprob_diff_mean"] = masked_sum(gap, mask) / norms["num_tokens"]
-        metrics["rollout/logprob_diff_max"] = gap.amax() if gap.numel() else gap.new_zeros(())
-    if algo_cfg.use_kl_loss:
-        kl = kl_estimate(logprob, micro["ref_logprobs"][:, :r], algo_cfg.kl_loss_kind)  # (m, r)
-        kl_loss = aggregate(kl, mask, algo_cfg.loss_agg, **agg)
-        loss = loss + algo_cfg.kl_loss_coef * kl_loss
-        metrics["actor/kl_loss"] = kl_loss.detach()
-    return loss, metrics
+MicroLoss = Callable[[nn.Module, Batch, dict[str, Any]], tuple[Tensor, dict[str, Tensor]]]
+"""(model, micro-batch, norms) -> (this micro-batch's share of the mini-batch loss, local metric sums).
+`norms` holds the mini-batch's global `num_tokens`, `num_seqs` (0-dim tensors) and `horizon`."""
 
 
 def _grad_norm(model: nn.Module, grad_clip: float) -> Tensor:
@@ -257,16 +215,13 @@ def _grad_norm(model: nn.Module, grad_clip: float) -> Tensor:
 
 
 def _one_update(
-    state: TrainState,
-    mini: Batch,
-    algo_cfg: AlgoConfig,
-    optim_cfg: OptimConfig,
-    mesh: DeviceMesh | None,
-    horizon: int,
-    temperature: float,
-    generator: torch.Generator | None = None,
-) -> tuple[bool, dict[str, Tensor]]:
-    """Accumulate the mini-batch's gradient over micro-batches and step; (stepped?, metric sums)."""
+    state: ModelState, mini: Batch, micro_loss: MicroLoss, plan: UpdatePlan, mesh: DeviceMesh | None,
+    horizon: int, prefix: str,
+) -> tuple[bool, dict[str, Tensor]]:  # fmt: skip
+    """Accumulate the mini-batch's gradient over micro-batches and step; (stepped?, metric sums).
+
+    The step is skipped on every rank when the loss is non-finite on any rank or the gradient norm is.
+    """
     model, optimizer = state.model, state.optimizer
     optimizer.zero_grad(set_to_none=True)
     kept = mini["response_mask"] != 0  # (b, t)
@@ -274,18 +229,18 @@ def _one_update(
     num_tokens, num_seqs = counts.to(torch.float32).clamp(min=1.0).unbind()
     norms = {"num_tokens": num_tokens, "num_seqs": num_seqs, "horizon": horizon}
     pieces = aligned_micro_batches(
-        mini, mesh, micro_batch_size=algo_cfg.micro_batch_size, max_tokens=algo_cfg.max_tokens_per_micro_batch
+        mini, mesh, micro_batch_size=plan.micro_batch_size, max_tokens=plan.max_tokens_per_micro_batch
     )
     sums: dict[str, Tensor] = {}
     total = torch.zeros((), dtype=torch.float32, device=kept.device)
     for i, (micro, _) in enumerate(pieces):
         set_gradient_sync(model, i == len(pieces) - 1)  # reduce across ranks after the last one only
-        loss, metrics = _micro_loss(model, micro, algo_cfg, norms, temperature, generator)
+        loss, metrics = micro_loss(model, micro, norms)
         loss.backward()
         total = total + loss.detach()
         _accumulate(sums, metrics)
     bad = all_reduce((~torch.isfinite(total)).to(torch.float32), mesh)  # any rank non-finite
-    grad_norm = _grad_norm(model, optim_cfg.grad_clip)
+    grad_norm = _grad_norm(model, plan.grad_clip)
     ok = bool((torch.isfinite(grad_norm) & (bad == 0)).item())  # the one host sync of the update
     if ok:
         optimizer.step()
@@ -294,47 +249,30 @@ def _one_update(
         warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
         state.scheduler.step()
     sums = {k: v.float().cpu() for k, v in sums.items()}
-    return ok, sums | {"actor/grad_norm": grad_norm.detach().float().cpu()}
+    return ok, sums | {f"{prefix}/grad_norm": grad_norm.detach().float().cpu()}
 
 
-def _iter_updates(batch: Batch, algo_cfg: AlgoConfig, mesh: DeviceMesh | None) -> Iterator[Batch]:
-    minis = mini_batches(batch, algo_cfg.mini_batch_size, mesh)
-    if "old_logprobs" not in batch and (algo_cfg.ppo_epochs > 1 or len(minis) > 1):
-        raise ValueError(
-            "update_step: the batch has no field 'old_logprobs'; without it the update must be on-policy "
-            f"(ppo_epochs 1 and one mini-batch, got {algo_cfg.ppo_epochs} x {len(minis)})"
-        )
-    for _ in range(algo_cfg.ppo_epochs):
-        yield from minis
-
-
-def update_step(
-    state: TrainState,
+def run_updates(
+    state: ModelState,
     batch: Batch,
-    algo_cfg: AlgoConfig,
-    optim_cfg: OptimConfig,
+    micro_loss: MicroLoss,
+    plan: UpdatePlan,
     *,
     mesh: DeviceMesh | None = None,
     horizon: int,
-    temperature: float = 1.0,
-    seed: int = 0,
-) -> tuple[TrainState, dict[str, float]]:
-    """`ppo_epochs` x mini-batches optimizer updates on this rank's rows; (new state, metrics).
+    prefix: str,
+) -> tuple[ModelState, dict[str, float]]:
+    """`plan.ppo_epochs` x mini-batches optimizer updates of `state.model` with `micro_loss`.
 
-    `batch`: this rank's rows (whole prompt groups) with the sequence fields, `old_logprobs`,
-    `advantages`, and `ref_logprobs` (use_kl_loss) / `rollout_logprobs` (tis_cap) as needed.
-    `mesh`: the data-parallel mesh (default: the one the model is sharded over; None for 1 process).
-    `horizon`: the rollout's max_tokens (seq-mean-token-sum-norm). `temperature`: the sampling
-    temperature the log-probs are taken under. `seed`: with `state.step`, seeds the generator of a
-    sampling loss (clip_cov), so each step draws anew and a resumed run draws the same. Every rank
-    must call this with the same config.
-    Metrics (floats, identical on every rank): actor/pg_loss, actor/ppo_kl, actor/pg_clipfrac,
-    actor/pg_clipfrac_lower (per the policy loss), actor/entropy, actor/kl_loss (with use_kl_loss)
-    averaged over the updates that stepped (NaN when none did); actor/grad_norm (before clipping),
-    likewise; actor/lr of the last update; actor/bad_updates: updates skipped in this call.
+    The one update loop of rlcore (actor and critic): global token / sequence counts per mini-batch,
+    gradient accumulation over micro-batches with one cross-rank reduction, an update with a
+    non-finite loss or gradient on any rank skipped on every rank and counted, and the metrics
+    reduced over updates and ranks in one collective. Metrics: the micro-loss's sums averaged over
+    the updates that stepped (NaN when none did; `*_max` keys: maxima), `<prefix>/grad_norm`
+    (before clipping), `<prefix>/lr` of the last update, `<prefix>/bad_updates` skipped in this call.
     """
     mesh = mesh if mesh is not None else model_mesh(state.model)
-    work = batch.select(*_needed_fields(batch, algo_cfg))
+    minis = mini_batches(batch, plan.mini_batch_size, mesh)
     was_training = state.model.training
     state.model.train()
     summed: dict[str, Tensor] = {}
@@ -342,12 +280,10 @@ def update_step(
     good = bad = 0
     lr = float("nan")
     consecutive = state.bad_updates
-    device = next(state.model.parameters()).device  # where the log-probs (and clip_cov's draws) live
-    generator = torch.Generator(device=device).manual_seed(seed * 1_000_003 + state.step)
     try:
-        for mini in _iter_updates(work, algo_cfg, mesh):
+        for mini in [m for _ in range(plan.ppo_epochs) for m in minis]:
             lr = state.optimizer.param_groups[0]["lr"]  # the lr this update uses
-            ok, sums = _one_update(state, mini, algo_cfg, optim_cfg, mesh, horizon, temperature, generator)
+            ok, sums = _one_update(state, mini, micro_loss, plan, mesh, horizon, prefix)
             keys |= sums.keys()
             if not ok:
                 bad, consecutive = bad + 1, consecutive + 1
@@ -356,14 +292,17 @@ def update_step(
             _accumulate(summed, sums)
     finally:
         state.model.train(was_training)
-    metrics = dict.fromkeys(sorted(keys), float("nan")) | _finish_metrics(summed, good, mesh)
-    metrics |= {"actor/lr": float(lr), "actor/bad_updates": float(bad)}
+    metrics = dict.fromkeys(sorted(keys), float("nan")) | _finish_metrics(summed, good, mesh, prefix)
+    metrics |= {f"{prefix}/lr": float(lr), f"{prefix}/bad_updates": float(bad)}
     return dataclasses.replace(state, step=state.step + 1, bad_updates=consecutive), metrics
 
 
-def _finish_metrics(summed: dict[str, Tensor], good: int, mesh: DeviceMesh | None) -> dict[str, float]:
+def _finish_metrics(
+    summed: dict[str, Tensor], good: int, mesh: DeviceMesh | None, prefix: str
+) -> dict[str, float]:
     """Sum the per-rank sums over ranks (one collective), divide by the good updates, floats once."""
-    keys = sorted(k for k in summed if k != "actor/grad_norm" and not k.endswith(MAX_SUFFIX))
+    norm_key = f"{prefix}/grad_norm"  # the same on every rank already
+    keys = sorted(k for k in summed if k != norm_key and not k.endswith(MAX_SUFFIX))
     stacked = torch.stack([summed[k] for k in keys]) if keys else torch.zeros(0)
     if mesh is not None and keys:  # every rank has the same keys: the skip decisions are global
         stacked = all_reduce(stacked.to(mesh.device_type), mesh).cpu()
@@ -374,6 +313,123 @@ def _finish_metrics(summed: dict[str, Tensor], good: int, mesh: DeviceMesh | Non
         if mesh is not None:
             top = all_reduce(top.to(mesh.device_type), mesh, op="max").cpu()
         values[key] = float(top)
-    if "actor/grad_norm" in summed:
-        values["actor/grad_norm"] = float(summed["actor/grad_norm"]) / denom
+    if norm_key in summed:
+        values[norm_key] = float(summed[norm_key]) / denom
     return values
+
+
+# -------------------------------------------------------------------------------------------- the actor
+
+
+def _needed_fields(batch: Batch, algorithm: Algorithm) -> tuple[str, ...]:
+    fields = [*SEQUENCE_FIELDS, "advantages"]
+    if not algorithm.on_policy:
+        fields.append("old_logprobs")
+    if (algorithm.on_policy or algorithm.tis_cap is not None) and "rollout_logprobs" in batch:
+        fields.append("rollout_logprobs")  # on-policy: the rollout gap is measured in the update
+    if algorithm.kl_loss_coef > 0:
+        fields.append("ref_logprobs")
+    if algorithm.tis_cap is not None and "rollout_logprobs" not in fields:
+        fields.append("rollout_logprobs")
+    why = {
+        "ref_logprobs": "--algo.use-kl-loss",
+        "rollout_logprobs": "--algo.tis-cap",
+        "old_logprobs": "an off-policy update (Algorithm.on_policy is False)",
+    }
+    for key in fields:
+        if key not in batch:
+            reason = f" (needed by {why[key]})" if key in why else ""
+            raise ValueError(f"update_step: the batch has no field {key!r}{reason}")
+    return (*fields, "uid") if "uid" in batch else tuple(fields)
+
+
+def actor_micro_loss(
+    model: nn.Module,
+    micro: Batch,
+    norms: dict[str, Any],
+    *,
+    algorithm: Algorithm,
+    temperature: float,
+    share_prompts: bool = True,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The policy's micro-batch loss (a `MicroLoss` once the keywords are bound): the policy loss, minus
+    the entropy bonus, plus the KL-to-reference loss; metrics under `actor/` (and `rollout/` gaps)."""
+    inputs = model_inputs(model, micro, share_prompts=share_prompts)
+    logits = response_logits(model, inputs)  # (m, r, v)
+    r = logits.shape[1]
+    logprob = token_logprobs(logits, inputs.labels, temperature=temperature)  # (m, r) float32
+    mask = micro["response_mask"][:, :r]  # (m, r)
+    old = logprob.detach() if algorithm.on_policy else micro["old_logprobs"][:, :r]
+    extra: dict[str, Any] = {}
+    if algorithm.tis_cap is not None:  # truncated importance sampling: trainer vs rollout probabilities
+        log_w = (old - micro["rollout_logprobs"][:, :r]).clamp(-20.0, 20.0)
+        extra["is_weights"] = log_w.exp().clamp(max=algorithm.tis_cap)  # (m, r)
+    if "generator" in parameters(algorithm.policy_loss_fn):
+        extra["generator"] = generator  # clip_cov: new token draws every step, the same on a resume
+    agg = {"num_tokens": norms["num_tokens"], "num_seqs": norms["num_seqs"], "horizon": norms["horizon"]}
+    pg_loss, pg_metrics = algorithm.policy_loss_fn(
+        logprob, old, micro["advantages"][:, :r], mask, **extra, **agg
+    )
+    loss = pg_loss
+    if algorithm.entropy_coef > 0:
+        ent = token_entropy(logits, temperature=temperature)  # (m, r), differentiable
+        loss = loss - algorithm.entropy_coef * aggregate(ent, mask, algorithm.loss_agg, **agg)
+    else:
+        with torch.no_grad():
+            ent = token_entropy(logits.detach(), temperature=temperature)
+    share = (mask != 0).sum() / norms["num_tokens"]  # this micro-batch's share of the mini-batch tokens
+    metrics = {
+        "actor/pg_loss": pg_loss.detach(),
+        "actor/entropy": masked_sum(ent.detach(), mask) / norms["num_tokens"],
+        "actor/shared_prompt_frac": share * float(inputs.gather is not None),  # tokens in packed forwards
+    }
+    metrics |= {f"actor/{k}": v.detach() * share for k, v in pg_metrics.items()}
+    if algorithm.on_policy and "rollout_logprobs" in micro:  # the engine's log-probs vs these, as logprob_gap
+        gap = apply_mask((old - micro["rollout_logprobs"][:, :r]).abs(), mask)  # (m, r)
+        metrics["rollout/logprob_diff_mean"] = masked_sum(gap, mask) / norms["num_tokens"]
+        metrics["rollout/logprob_diff_max"] = gap.amax() if gap.numel() else gap.new_zeros(())
+    if algorithm.kl_loss_coef > 0:
+        kl = kl_estimate(logprob, micro["ref_logprobs"][:, :r], algorithm.kl_loss_kind)  # (m, r)
+        kl_loss = aggregate(kl, mask, algorithm.loss_agg, **agg)
+        loss = loss + algorithm.kl_loss_coef * kl_loss
+        metrics["actor/kl_loss"] = kl_loss.detach()
+    return loss, metrics
+
+
+def update_step(
+    state: ModelState,
+    batch: Batch,
+    algorithm: Algorithm,
+    plan: UpdatePlan,
+    *,
+    mesh: DeviceMesh | None = None,
+    horizon: int,
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> tuple[ModelState, dict[str, float]]:
+    """The policy's `plan.ppo_epochs` x mini-batches optimizer updates on this rank's rows (`run_updates`).
+
+    `batch`: this rank's rows (whole prompt groups) with the sequence fields, `advantages`,
+    `old_logprobs` (unless `algorithm.on_policy`), and `ref_logprobs` (KL loss) / `rollout_logprobs`
+    (tis_cap) as needed. `mesh`: the data-parallel mesh (default: the one the model is sharded over;
+    None for 1 process). `horizon`: the rollout's max_tokens (seq-mean-token-sum-norm). `temperature`:
+    the sampling temperature the log-probs are taken under. `seed`: with `state.step`, seeds the
+    generator of a sampling loss (clip_cov), so each step draws anew and a resumed run draws the same.
+    Every rank must call this with the same algorithm and plan.
+    Metrics (floats, identical on every rank): actor/pg_loss, actor/ppo_kl, actor/pg_clipfrac,
+    actor/pg_clipfrac_lower (per the policy loss), actor/entropy, actor/kl_loss (with the KL loss)
+    averaged over the updates that stepped (NaN when none did); actor/grad_norm (before clipping),
+    likewise; actor/lr of the last update; actor/bad_updates: updates skipped in this call.
+    """
+    work = batch.select(*_needed_fields(batch, algorithm))
+    if algorithm.on_policy and (plan.ppo_epochs > 1 or plan.mini_batch_size is not None):
+        raise ValueError(
+            "update_step: an on-policy algorithm makes one update per step: ppo_epochs 1 and "
+            f"mini_batch_size None (the whole batch), got {plan.ppo_epochs} and {plan.mini_batch_size}"
+        )
+    device = next(state.model.parameters()).device  # where the log-probs (and clip_cov's draws) live
+    generator = torch.Generator(device=device).manual_seed((seed * 1_000_003 + state.step) % (2**63 - 1))
+    loss = partial(actor_micro_loss, algorithm=algorithm, temperature=temperature,
+                   share_prompts=plan.share_prompts, generator=generator)  # fmt: skip
+    return run_updates(state, work, loss, plan, mesh=mesh, horizon=horizon, prefix="actor")

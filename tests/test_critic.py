@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from configs import AlgoConfig, CriticConfig, OptimConfig
-from rlcore.critic import ValueModel, build_critic, compute_values, critic_update, explained_variance
+from rlcore.critic import ValueModel, build_critic, compute_values, explained_variance
 from rlcore.pure.advantages import gae
-from rlcore.update import TrainState, build_optimizer, build_scheduler
+from tests.configured import new_state, update_critic
 from tests.dist.rollouts import fake_rollout
 
 
@@ -68,15 +68,14 @@ def test_gae_fed_updates_reduce_the_value_loss_on_a_fixed_batch():
     last = (mask.cumsum(-1) == mask.sum(-1, keepdim=True)) & (mask > 0)
     rewards[last] = torch.linspace(-1, 1, int(last.sum()))  # outcome rewards on the last token
     optim_cfg = OptimConfig(lr=3e-3)
-    optimizer = build_optimizer(critic, optim_cfg)
-    state = TrainState(model=critic, optimizer=optimizer, scheduler=build_scheduler(optimizer, optim_cfg, 50))
+    state = new_state(critic, optim_cfg, 50)
     algo, critic_cfg = AlgoConfig(micro_batch_size=5), CriticConfig(value_clip=10.0)
     losses = []
     for _ in range(25):
         values = compute_values(critic, batch)
         _, returns = gae(rewards, values, mask, gamma=1.0, lam=1.0)
         b = batch.with_(values=values, returns=returns)
-        state, metrics = critic_update(state, b, algo, critic_cfg, horizon=6)
+        state, metrics = update_critic(state, b, algo, critic_cfg, horizon=6)
         losses.append(metrics["critic/vf_loss"])
     assert state.step == 25
     assert losses[-1] < 0.5 * losses[0], losses
@@ -118,9 +117,8 @@ def test_shared_prompt_values_and_updates_equal_the_row_path():
     for share in (False, True):
         model = copy.deepcopy(critic64)
         optim_cfg = OptimConfig(lr=1e-2, eps=1e-3)
-        opt = build_optimizer(model, optim_cfg)
-        state = TrainState(model=model, optimizer=opt, scheduler=build_scheduler(opt, optim_cfg, 4))
-        critic_update(
+        state = new_state(model, optim_cfg, 4)
+        update_critic(
             state, b, AlgoConfig(micro_batch_size=7, share_prompts=share), CriticConfig(), horizon=6
         )
         after.append([q.detach().clone() for q in model.parameters()])

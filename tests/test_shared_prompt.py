@@ -16,7 +16,7 @@ from configs import AlgoConfig, OptimConfig
 from rlcore.models import load_policy
 from rlcore.models.forward import compute_logprobs, micro_batches, model_inputs
 from rlcore.models.shared_prompt import pack_rows, packed_shape, prompt_groups, worth_packing
-from rlcore.update import TrainState, build_optimizer, build_scheduler, update_step
+from tests.configured import new_state, update
 from tests.dist.rollouts import fake_rollout
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -130,10 +130,9 @@ def test_update_with_shared_prompts_takes_the_same_step(model64):
     after = []
     for share in (False, True):
         model = copy.deepcopy(model64)
-        opt = build_optimizer(model, optim)
-        state = TrainState(model=model, optimizer=opt, scheduler=build_scheduler(opt, optim, 4))
+        state = new_state(model, optim, 4)
         algo = AlgoConfig(micro_batch_size=7, share_prompts=share)
-        _, metrics = update_step(state, batch, algo, optim, horizon=8)
+        _, metrics = update(state, batch, algo, optim, horizon=8)
         # the share of trained tokens that went through a packed forward (every micro-batch packs here)
         assert metrics["actor/shared_prompt_frac"] == pytest.approx(1.0 if share else 0.0)
         after.append([p.detach().clone() for p in model.parameters()])

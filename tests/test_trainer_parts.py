@@ -2,36 +2,26 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
-from configs import PRESETS
 from rlcore.batch import Batch
 from rlcore.steps import filter_groups, group_ids
-from rlcore.trainer.run import TrainingDiverged, _check_bad_updates, step_seed
-
-
-def pieces(bad: int, limit: int = 2):
-    return SimpleNamespace(
-        state=SimpleNamespace(bad_updates=bad),
-        cfg=PRESETS["grpo"][1].__class__(trainer=PRESETS["grpo"][1].trainer.__class__(max_bad_updates=limit)),
-        last_finite={},
-    )
+from rlcore.trainer.learn import TrainingDiverged, check_bad_updates
+from rlcore.trainer.run import step_seed
 
 
 def test_k_consecutive_bad_updates_abort_naming_the_step_and_the_last_finite_metrics():
-    p = pieces(0)
-    _check_bad_updates(p, 4, {"actor/pg_loss": 0.5, "actor/grad_norm": float("nan")})
-    assert p.last_finite == {"actor/pg_loss": 0.5}
-    p.state.bad_updates = 2
-    _check_bad_updates(p, 5, {"actor/pg_loss": float("nan")})  # 2 in a row: still allowed
-    p.state.bad_updates = 3
+    last = check_bad_updates(0, 4, {"actor/pg_loss": 0.5, "actor/grad_norm": float("nan")}, {}, limit=2)
+    assert last == {"actor/pg_loss": 0.5}
+    last = check_bad_updates(
+        2, 5, {"actor/pg_loss": float("nan")}, last, limit=2
+    )  # 2 in a row: still allowed
+    assert last == {"actor/pg_loss": 0.5}
     with pytest.raises(
         TrainingDiverged, match=r"step 6: 3 consecutive .* last finite metrics: actor/pg_loss=0\.5"
     ):
-        _check_bad_updates(p, 6, {"actor/pg_loss": float("nan")})
+        check_bad_updates(3, 6, {"actor/pg_loss": float("nan")}, last, limit=2)
 
 
 def test_step_seeds_depend_on_seed_step_and_purpose_only():

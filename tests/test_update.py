@@ -22,7 +22,8 @@ from rlcore.models import load_policy
 from rlcore.pure.kl import kl_estimate
 from rlcore.pure.losses import POLICY_LOSSES, aggregate, entropy
 from rlcore.pure.masks import masked_mean
-from rlcore.update import TrainState, build_optimizer, build_scheduler, lr_factor, update_step
+from rlcore.update import lr_factor
+from tests.configured import new_state, update
 from tests.dist.rollouts import fake_rollout, with_logprobs
 
 HORIZON = 12
@@ -41,8 +42,7 @@ def setup():
 
 
 def _state(model, optim=OPTIM, total=10):
-    opt = build_optimizer(model, optim)
-    return TrainState(model=model, optimizer=opt, scheduler=build_scheduler(opt, optim, total))
+    return new_state(model, optim, total)
 
 
 def _hand_loss(model, batch, algo: AlgoConfig, temperature: float):
@@ -86,7 +86,7 @@ def test_update_equals_hand_assembled_loss(setup, policy_loss, loss_agg):
     )  # fmt: skip
     temperature = 0.9
     model = copy.deepcopy(base)
-    state, metrics = update_step(_state(model), batch, algo, OPTIM, horizon=HORIZON, temperature=temperature)
+    state, metrics = update(_state(model), batch, algo, OPTIM, horizon=HORIZON, temperature=temperature)
 
     ref = copy.deepcopy(base)
     loss, pieces = _hand_loss(ref, batch, algo, temperature)
@@ -109,13 +109,13 @@ def test_dynamic_batching_and_mini_batches_match_one_update_per_mini_batch(setup
     base, batch = setup
     algo = AlgoConfig(mini_batch_size=2, max_tokens_per_micro_batch=30)
     model = copy.deepcopy(base)
-    state, metrics = update_step(_state(model), batch, algo, OPTIM, horizon=HORIZON)
+    state, metrics = update(_state(model), batch, algo, OPTIM, horizon=HORIZON)
     assert state.scheduler.last_epoch == 2  # two optimizer updates
     ref = copy.deepcopy(base)
     ref_state = _state(ref)
     one = dataclasses.replace(algo, mini_batch_size=None)
-    ref_state, m1 = update_step(ref_state, batch[:8], one, OPTIM, horizon=HORIZON)  # prompts u0, u1
-    ref_state, m2 = update_step(ref_state, batch[8:], one, OPTIM, horizon=HORIZON)  # prompt u2
+    ref_state, m1 = update(ref_state, batch[:8], one, OPTIM, horizon=HORIZON)  # prompts u0, u1
+    ref_state, m2 = update(ref_state, batch[8:], one, OPTIM, horizon=HORIZON)  # prompt u2
     assert metrics["actor/pg_loss"] == pytest.approx(
         (m1["actor/pg_loss"] + m2["actor/pg_loss"]) / 2, abs=1e-9
     )
@@ -131,9 +131,7 @@ def test_nan_advantage_skips_the_step_and_counts_it(setup):
     adv[kept[0], kept[1]] = float("nan")  # on a token that counts
     state = _state(model)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    new, metrics = update_step(
-        state, batch.with_(advantages=adv, overwrite=True), AlgoConfig(), OPTIM, horizon=12
-    )
+    new, metrics = update(state, batch.with_(advantages=adv, overwrite=True), AlgoConfig(), OPTIM, horizon=12)
     assert metrics["actor/bad_updates"] == 1.0 and new.bad_updates == 1
     assert math.isnan(metrics["actor/pg_loss"])  # no good update to average
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -141,7 +139,7 @@ def test_nan_advantage_skips_the_step_and_counts_it(setup):
     # a NaN where the mask is 0 is never read: that update steps, and the bad streak resets
     masked_adv = batch["advantages"].clone()
     masked_adv[batch["response_mask"] == 0] = float("nan")
-    new, metrics = update_step(
+    new, metrics = update(
         new, batch.with_(advantages=masked_adv, overwrite=True), AlgoConfig(), OPTIM, horizon=12
     )
     assert (
@@ -155,7 +153,7 @@ def test_nan_advantage_skips_the_step_and_counts_it(setup):
 def test_state_is_replaced_not_mutated(setup):
     base, batch = setup
     state = _state(copy.deepcopy(base))
-    new, _ = update_step(state, batch, AlgoConfig(), OPTIM, horizon=HORIZON)
+    new, _ = update(state, batch, AlgoConfig(), OPTIM, horizon=HORIZON)
     assert new is not state and state.step == 0 and new.step == 1
     assert new.model is state.model and new.optimizer is state.optimizer  # handles carried over
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -166,11 +164,11 @@ def test_missing_fields_and_bad_mini_batch_size_are_clear_errors(setup):
     base, batch = setup
     state = _state(copy.deepcopy(base))
     with pytest.raises(ValueError, match=r"ref_logprobs.*--algo.use-kl-loss"):
-        update_step(state, batch.select("input_ids", "attention_mask", "responses", "response_attention",
+        update(state, batch.select("input_ids", "attention_mask", "responses", "response_attention",
                                         "response_mask", "old_logprobs", "advantages"),
                     AlgoConfig(use_kl_loss=True), OPTIM, horizon=HORIZON)  # fmt: skip
     with pytest.raises(ValueError, match="mini-batch-size 0"):
-        update_step(state, batch, AlgoConfig(mini_batch_size=0), OPTIM, horizon=HORIZON)
+        update(state, batch, AlgoConfig(mini_batch_size=0), OPTIM, horizon=HORIZON)
 
 
 def test_learning_rate_schedule_by_hand():
@@ -183,8 +181,8 @@ def test_learning_rate_schedule_by_hand():
     assert lr_factor(99, schedule="cosine", **warm) == pytest.approx(0.1)  # stays at the floor
     model = torch.nn.Linear(2, 2)
     optim = OptimConfig(lr=0.2, warmup_steps=2)
-    opt = build_optimizer(model, optim)
-    sched = build_scheduler(opt, optim, 10)
+    state = new_state(model, optim, 10)
+    opt, sched = state.optimizer, state.scheduler
     lrs = []
     for _ in range(3):
         lrs.append(opt.param_groups[0]["lr"])
@@ -200,8 +198,8 @@ def test_activation_checkpointing_changes_nothing_but_memory(setup):
     base, batch = setup
     algo = AlgoConfig(micro_batch_size=6, entropy_coef=0.01)
     plain, checkpointed = copy.deepcopy(base), apply_activation_checkpointing(copy.deepcopy(base))
-    _, m1 = update_step(_state(plain), batch, algo, OPTIM, horizon=HORIZON)
-    _, m2 = update_step(_state(checkpointed), batch, algo, OPTIM, horizon=HORIZON)
+    _, m1 = update(_state(plain), batch, algo, OPTIM, horizon=HORIZON)
+    _, m2 = update(_state(checkpointed), batch, algo, OPTIM, horizon=HORIZON)
     assert checkpointed.model.layers[0].gradient_checkpointing and not checkpointed.training
     assert m1 == pytest.approx(m2, abs=1e-12)
     for p, q in zip(plain.parameters(), checkpointed.parameters(), strict=True):
@@ -217,9 +215,9 @@ def test_on_policy_update_without_old_logprobs_equals_the_one_with_them(setup):
     exact, _ = compute_logprobs(base, batch)  # the current policy's log-probs: ratio 1
     with_old = batch.with_(old_logprobs=exact.double(), overwrite=True)
     algo = AlgoConfig(micro_batch_size=4)
-    a, ma = update_step(_state(copy.deepcopy(base)), with_old, algo, OPTIM, horizon=HORIZON)
+    a, ma = update(_state(copy.deepcopy(base)), with_old, algo, OPTIM, horizon=HORIZON)
     no_old = batch.select(*(k for k in batch.keys() if k != "old_logprobs"))  # noqa: SIM118
-    b, mb = update_step(_state(copy.deepcopy(base)), no_old, algo, OPTIM, horizon=HORIZON)
+    b, mb = update(_state(copy.deepcopy(base)), no_old, algo, OPTIM, horizon=HORIZON)
     # the log-probs are float32 (token_logprobs): two passes differ in the last bits, no more
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/pg_clipfrac"):
         assert mb[key] == pytest.approx(ma[key], abs=1e-6), key
@@ -230,7 +228,7 @@ def test_on_policy_update_without_old_logprobs_equals_the_one_with_them(setup):
     assert mb["rollout/logprob_diff_mean"] == pytest.approx(float(gap.mean()), abs=1e-6)
     assert mb["rollout/logprob_diff_max"] == pytest.approx(float(gap.max()), abs=1e-6)
     with pytest.raises(ValueError, match="on-policy"):  # two epochs need the old policy's log-probs
-        update_step(_state(copy.deepcopy(base)), no_old, AlgoConfig(ppo_epochs=2),
+        update(_state(copy.deepcopy(base)), no_old, AlgoConfig(ppo_epochs=2),
                     OPTIM, horizon=HORIZON)  # fmt: skip
 
 
@@ -254,9 +252,9 @@ def test_clip_cov_draws_new_tokens_every_step_and_the_same_on_a_rerun(setup, mon
     monkeypatch.setitem(POLICY_LOSSES, "clip_cov", recording)
     algo = AlgoConfig(policy_loss="clip_cov")
     state = _state(copy.deepcopy(base))
-    state, _ = update_step(state, batch, algo, OPTIM, horizon=HORIZON, seed=3)
-    update_step(state, batch, algo, OPTIM, horizon=HORIZON, seed=3)
-    update_step(dataclasses.replace(state, step=0), batch, algo, OPTIM, horizon=HORIZON, seed=3)
+    state, _ = update(state, batch, algo, OPTIM, horizon=HORIZON, seed=3)
+    update(state, batch, algo, OPTIM, horizon=HORIZON, seed=3)
+    update(dataclasses.replace(state, step=0), batch, algo, OPTIM, horizon=HORIZON, seed=3)
     first, second, rerun = draws
     assert not torch.equal(first, second)
     assert torch.equal(first, rerun)

@@ -40,11 +40,13 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 from bench_batching import rollout_batch, useful_flops  # noqa: E402
 
-from configs import AlgoConfig, OptimConfig  # noqa: E402
+from rlcore.algorithm import Algorithm  # noqa: E402
 from rlcore.dist import apply_activation_checkpointing, apply_fsdp  # noqa: E402
 from rlcore.dist.mesh import MeshAxis  # noqa: E402
 from rlcore.models.forward import compute_logprobs  # noqa: E402
-from rlcore.update import TrainState, build_optimizer, build_scheduler, update_step  # noqa: E402
+from rlcore.pure.advantages import ESTIMATORS  # noqa: E402
+from rlcore.pure.losses import POLICY_LOSSES  # noqa: E402
+from rlcore.update import ModelState, UpdatePlan, build_optimizer, build_scheduler, update_step  # noqa: E402
 
 
 def qwen2_05b_config(quick: bool) -> Qwen2Config:
@@ -138,14 +140,14 @@ def main() -> None:
     adv = torch.randn(rows, 1, device=device, generator=gen) * batch["response_mask"]
     batch = batch.with_(old_logprobs=old, advantages=adv)
 
-    algo = AlgoConfig(micro_batch_size=rows, max_tokens_per_micro_batch=args.budget)
-    optim = OptimConfig(lr=1e-6)
-    opt = build_optimizer(model, optim)
-    state = TrainState(model=model, optimizer=opt, scheduler=build_scheduler(opt, optim, 100))
+    algorithm = Algorithm(advantage_fn=ESTIMATORS["grpo"], policy_loss_fn=POLICY_LOSSES["ppo_clip"])
+    plan = UpdatePlan(micro_batch_size=rows, max_tokens_per_micro_batch=args.budget)
+    opt = build_optimizer(model, lr=1e-6)
+    state = ModelState(model=model, optimizer=opt, scheduler=build_scheduler(opt, total_updates=100))
     holder = {"state": state}
 
     def one_update() -> None:
-        holder["state"], holder["metrics"] = update_step(holder["state"], batch, algo, optim, horizon=cap)
+        holder["state"], holder["metrics"] = update_step(holder["state"], batch, algorithm, plan, horizon=cap)
 
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()

@@ -127,16 +127,19 @@ class PromptDataset:
             yield prompt_batch(rows, ids, pad_id=self.pad_id, uids=[f"r{i}" for i in range(start, stop)])
 
     def state_dict(self) -> dict[str, int]:
-        """The cursor, plus the seed and row count that make it meaningful."""
-        return {
-            "epoch": self.cursor.epoch,
-            "position": self.cursor.position,
-            "seed": self.seed,
-            "num_rows": len(self),
-        }
+        """The stored cursor as `cursor_state` writes it."""
+        return self.cursor_state(self.cursor)
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Restore the cursor; refuse a state saved with another seed or another number of rows."""
+        """Restore the stored cursor from `cursor_state`'s dict (checked as `cursor_from_state`)."""
+        self.cursor = self.cursor_from_state(state)
+
+    def cursor_state(self, cursor: Cursor) -> dict[str, int]:
+        """`cursor`, plus the seed and row count that make it meaningful (JSON-able)."""
+        return {"epoch": cursor.epoch, "position": cursor.position, "seed": self.seed, "num_rows": len(self)}
+
+    def cursor_from_state(self, state: dict[str, int]) -> Cursor:
+        """The cursor of a `cursor_state` dict; refuses one saved with another seed or number of rows."""
         for key, mine in (("seed", self.seed), ("num_rows", len(self))):
             if state[key] != mine:
                 raise ValueError(
@@ -144,4 +147,4 @@ class PromptDataset:
                 )
         if not 0 <= state["position"] <= len(self) or state["epoch"] < 0:
             raise ValueError(f"{self.name}: saved data state {state} is out of range for {len(self)} rows")
-        self.cursor = Cursor(state["epoch"], state["position"])
+        return Cursor(state["epoch"], state["position"])

@@ -2,7 +2,8 @@
 
 Layout: out_dir/checkpoints/step_<N>/ (complete) — a save writes step_<N>.tmp/ first and renames it
 only when everything is on disk, so a crash mid-save leaves the previous checkpoint as the newest.
-The loop state (step, scheduler, data cursor, KL coefficient, bad-update count) is JSON; the DCP files
+The TrainState's other fields (step, scheduler, data cursor, KL coefficient, bad-update count, update
+count, policy version) are JSON; the DCP files
 are read with an allow-list unpickler and `weights_only=True` (`rlcore.dist.safe_dcp`): no code runs.
 
 A save that cannot write (disk full, directory not writable) and a checkpoint that cannot be resumed
@@ -17,6 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from rlcore.state import TrainState
 from rlcore.trainer import faults
 from rlcore.trainer.errors import StopRun, reason
 
@@ -24,22 +26,26 @@ LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, pickle.UnpicklingErr
 """What loading an unusable checkpoint raises (besides DCP's CheckpointException)."""
 
 
-def _extra(p: Any, step: int) -> dict[str, Any]:
+def _extra(state: TrainState, h: Any) -> dict[str, Any]:
+    """The JSON part of a checkpoint: every TrainState field that is not a tensor."""
     return {
-        "step": step,
-        "scheduler": p.state.scheduler.state_dict(),
-        "data": p.train_ds.state_dict(),
-        "kl_coef": p.kl_coef,
-        "bad_updates": p.state.bad_updates,  # a resumed run keeps counting towards --trainer.max-bad-updates
+        "step": state.step,
+        "scheduler": state.actor.scheduler.state_dict(),
+        "data": h.train_ds.cursor_state(state.cursor),
+        "kl_coef": state.kl_coef,
+        "bad_updates": state.actor.bad_updates,  # a resumed run keeps counting towards --trainer.max-bad-updates
+        "actor_updates": state.actor.step,
+        "policy_version": state.policy_version,
     }
 
 
-def save(p: Any, step: int) -> None:
+def save(state: TrainState, h: Any) -> None:
+    """checkpoints/step_<state.step>: the TrainState (models and optimizers by DCP, the rest JSON)."""
     from rlcore.dist.checkpoint import prune
 
-    root = p.out_dir / "checkpoints"
+    root, step = h.out_dir / "checkpoints", state.step
     try:
-        _write(p, root, step)
+        _write(state, h, root)
     except (OSError, RuntimeError, _checkpoint_exception()) as e:
         for tmp in (root / f"step_{step}.tmp", root / "critic" / f"step_{step}.tmp"):
             shutil.rmtree(tmp, ignore_errors=True)
@@ -48,40 +54,42 @@ def save(p: Any, step: int) -> None:
             f"The previous checkpoint ({_newest(root)}) is intact: free disk space or make {root} writable "
             "(or use another --out-dir), then rerun with --resume auto"
         ) from None
-    if p.dist.rank == 0:
-        prune(root, p.cfg.trainer.keep_last)
-        if p.critic is not None:
-            prune(root / "critic", p.cfg.trainer.keep_last)
+    if h.dist.rank == 0:
+        prune(root, h.cfg.trainer.keep_last)
+        if state.critic is not None:
+            prune(root / "critic", h.cfg.trainer.keep_last)
 
 
-def _write(p: Any, root: Path, step: int) -> None:
+def _write(state: TrainState, h: Any, root: Path) -> None:
     from rlcore.dist.checkpoint import save_checkpoint
 
-    if p.critic is not None:  # saved first: an actor checkpoint at step N implies the critic's
-        save_checkpoint(root / "critic", step, p.critic.model, p.critic.optimizer,
-                        extra={"scheduler": p.critic.scheduler.state_dict()})  # fmt: skip
+    step, critic = state.step, state.critic
+    if critic is not None:  # saved first: an actor checkpoint at step N implies the critic's
+        save_checkpoint(root / "critic", step, critic.model, critic.optimizer,
+                        extra={"scheduler": critic.scheduler.state_dict(), "updates": critic.step})  # fmt: skip
     save_checkpoint(
         root,
         step,
-        p.state.model,
-        p.state.optimizer,
-        extra=_extra(p, step),
+        state.actor.model,
+        state.actor.optimizer,
+        extra=_extra(state, h),
         before_commit=lambda: faults.before_commit(step),
     )
 
 
-def maybe_resume(p: Any) -> int:
-    """Load the checkpoint --resume names (auto: the newest complete one, if any); return its step."""
+def resume(state: TrainState, h: Any) -> TrainState:
+    """The TrainState of the checkpoint --resume names (auto: the newest complete one), or `state` for
+    a fresh start (whose stale metrics records, if any, are dropped)."""
     from rlcore.dist.checkpoint import COMPLETE, latest_checkpoint
 
-    resume = p.cfg.resume
+    resume = h.cfg.resume
     path = None
     if resume != "none":
-        path = latest_checkpoint(p.out_dir / "checkpoints") if resume == "auto" else Path(resume)
+        path = latest_checkpoint(h.out_dir / "checkpoints") if resume == "auto" else Path(resume)
     if path is None:  # a fresh start: records of an earlier attempt in this directory are stale
-        if p.dist.rank == 0:
-            _truncate_metrics(p.out_dir / "metrics.jsonl", -1)
-        return 0
+        if h.dist.rank == 0:
+            _truncate_metrics(h.out_dir / "metrics.jsonl", -1)
+        return state
     if not path.is_dir():
         raise StopRun(
             f"--resume {resume}: no checkpoint at {path}; use auto, none, or a checkpoints/step_<N> directory"
@@ -92,33 +100,35 @@ def maybe_resume(p: Any) -> int:
             "checkpoints/step_<N> directory written by a finished save, or auto, or none"
         )
     try:
-        extra = _load(p, path)
+        state = _load(state, h, path)
     except (*LOAD_ERRORS, _checkpoint_exception()) as e:
         raise StopRun(
             f"--resume {resume}: checkpoint {path} cannot be loaded ({reason(e)}); it was written by another "
             "model/data setup or is damaged: delete it to resume from the one before, or use --resume none"
         ) from None
-    if p.dist.rank == 0:
-        _truncate_metrics(p.out_dir / "metrics.jsonl", extra["step"])
-    return int(extra["step"])
+    if h.dist.rank == 0:
+        _truncate_metrics(h.out_dir / "metrics.jsonl", state.step)
+    return state
 
 
-def _load(p: Any, path: Path) -> dict[str, Any]:
+def _load(state: TrainState, h: Any, path: Path) -> TrainState:
     from rlcore.dist.checkpoint import load_checkpoint
 
-    extra, _ = load_checkpoint(path, p.state.model, p.state.optimizer)
-    p.state.scheduler.load_state_dict(extra["scheduler"])
-    if p.critic is not None:
-        critic_extra, _ = load_checkpoint(
-            path.parent / "critic" / path.name, p.critic.model, p.critic.optimizer
-        )
-        p.critic.scheduler.load_state_dict(critic_extra["scheduler"])
-    p.train_ds.load_state_dict(extra["data"])
-    p.kl_coef = extra["kl_coef"]
-    p.state = dataclasses.replace(
-        p.state, step=extra["step"], kl_coef=p.kl_coef, bad_updates=extra.get("bad_updates", 0)
+    extra, _ = load_checkpoint(path, state.actor.model, state.actor.optimizer)
+    state.actor.scheduler.load_state_dict(extra["scheduler"])
+    critic = state.critic
+    if critic is not None:
+        critic_extra, _ = load_checkpoint(path.parent / "critic" / path.name, critic.model, critic.optimizer)
+        critic.scheduler.load_state_dict(critic_extra["scheduler"])
+        critic = dataclasses.replace(critic, step=critic_extra.get("updates", extra["step"]))
+    step = int(extra["step"])
+    actor = dataclasses.replace(
+        state.actor, step=extra.get("actor_updates", step), bad_updates=extra.get("bad_updates", 0)
     )
-    return extra
+    return dataclasses.replace(
+        state, actor=actor, critic=critic, step=step, kl_coef=float(extra["kl_coef"]),
+        cursor=h.train_ds.cursor_from_state(extra["data"]), policy_version=extra.get("policy_version", step),
+    )  # fmt: skip
 
 
 def _truncate_metrics(path: Path, step: int) -> None:

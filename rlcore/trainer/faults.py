@@ -25,6 +25,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 from rlcore.batch import Batch
 
@@ -66,10 +67,16 @@ def push_per_bucket(engine: object, push: object) -> bool:
     return True
 
 
-def dump_state(directory: str | None, rank: int, state: dict, engine_matches_policy: bool | None) -> None:
-    """Write `state` (JSON-able) and the engine check to directory/rank<rank>.json (RLCORE_TEST_DUMP_STATE)."""
+def dump_state(state: Any, h: Any) -> None:
+    """RLCORE_TEST_DUMP_STATE=DIR: this rank writes DIR/rank<r>.json, the run state that must agree
+    across ranks and whether its engine holds the trained weights (a collective: every rank calls it)."""
+    directory = os.environ.get("RLCORE_TEST_DUMP_STATE")
     if not directory:
         return
+    from rlcore.trainer.models import engine_holds
+
+    record = {"step": state.step, "kl_coef": state.kl_coef, "data": h.train_ds.cursor_state(state.cursor),
+              "bad_updates": state.bad_updates, "policy_version": state.policy_version,
+              "engine_matches_policy": engine_holds(state.actor.model, h.engine)}  # fmt: skip
     Path(directory).mkdir(parents=True, exist_ok=True)
-    record = state | {"engine_matches_policy": engine_matches_policy}
-    (Path(directory) / f"rank{rank}.json").write_text(json.dumps(record, sort_keys=True))
+    (Path(directory) / f"rank{h.dist.rank}.json").write_text(json.dumps(record, sort_keys=True))

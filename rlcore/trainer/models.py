@@ -48,16 +48,12 @@ def build_reference(cfg: Config, dist: Any, mesh: Any) -> Any:
 
 
 def build_state(cfg: Config, model: Any, dist: Any) -> Any:
-    from rlcore.update import TrainState, build_optimizer, build_scheduler
+    """The actor's ModelState: the policy with AdamW (--optim) and its schedule over the run's updates."""
+    from rlcore.trainer.algorithm import optimizer, scheduler, updates_per_run
+    from rlcore.update import ModelState
 
-    optimizer = build_optimizer(model, cfg.optim)
-    updates = (
-        cfg.trainer.steps
-        * cfg.algo.ppo_epochs
-        * (cfg.data.batch_size // (cfg.algo.mini_batch_size or cfg.data.batch_size))
-    )
-    scheduler = build_scheduler(optimizer, cfg.optim, total_updates=updates)
-    return TrainState(step=0, model=model, optimizer=optimizer, scheduler=scheduler, kl_coef=cfg.algo.kl_coef)
+    opt = optimizer(model, cfg.optim)
+    return ModelState(model=model, optimizer=opt, scheduler=scheduler(opt, cfg.optim, updates_per_run(cfg)))
 
 
 def build_engine(cfg: Config, model: Any, tokenizer: Any, dist: Any, mesh: Any) -> Any:
@@ -138,11 +134,6 @@ def sync_bucket_bytes(cfg: Config) -> int:
     return max(1, int(cfg.rollout.sync_bucket_mb * 2**20))
 
 
-def sync_weights(p: Any) -> dict[str, float]:
-    """Push the actor's current weights into the run's engine (see `push_weights`)."""
-    return push_weights(p.state.model, p.engine, bucket_bytes=sync_bucket_bytes(p.cfg))
-
-
 def push_weights(model: Any, engine: Any, *, bucket_bytes: int) -> dict[str, float]:
     """Push `model`'s full weights into `engine` as one update, gathered `bucket_bytes` at a time
     (nothing to do when the engine samples from `model` itself); returns `sync/bytes` and
@@ -179,19 +170,18 @@ def engine_holds(model: Any, engine: Any) -> bool | None:
     return same
 
 
-def save_final(p: Any) -> None:
+def save_final(model: Any, tokenizer: Any, out_dir: Any) -> None:
     """out_dir/final: a Hugging Face directory that from_pretrained (and vLLM) loads."""
     from rlcore.dist.stream import save_hf_pretrained
 
-    save_hf_pretrained(p.state.model, p.tokenizer, p.out_dir / "final")
+    save_hf_pretrained(model, tokenizer, out_dir / "final")
 
 
 def build_critic_state(cfg: Config, dist: Any, mesh: Any) -> Any:
     """The PPO critic (initialised from --critic.path or the policy) with its own optimizer and schedule."""
-    import dataclasses
-
     from rlcore.critic import build_critic
-    from rlcore.update import TrainState, build_optimizer, build_scheduler
+    from rlcore.trainer.algorithm import critic_optim, optimizer, scheduler, updates_per_run
+    from rlcore.update import ModelState
 
     try:
         critic = build_critic(
@@ -204,13 +194,6 @@ def build_critic_state(cfg: Config, dist: Any, mesh: Any) -> Any:
         from rlcore.dist.fsdp import apply_fsdp
 
         apply_fsdp(critic, mesh)  # each decoder layer, then the root (value head included)
-    optim_cfg = dataclasses.replace(cfg.optim, lr=cfg.critic.lr, warmup_steps=cfg.critic.warmup_steps)
-    optimizer = build_optimizer(critic, optim_cfg)
-    per_step = cfg.algo.ppo_epochs * (
-        cfg.data.batch_size // (cfg.algo.mini_batch_size or cfg.data.batch_size)
-    )
-    return TrainState(
-        model=critic,
-        optimizer=optimizer,
-        scheduler=build_scheduler(optimizer, optim_cfg, cfg.trainer.steps * per_step),
-    )
+    optim = critic_optim(cfg)
+    opt = optimizer(critic, optim)
+    return ModelState(model=critic, optimizer=opt, scheduler=scheduler(opt, optim, updates_per_run(cfg)))

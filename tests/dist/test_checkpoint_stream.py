@@ -25,7 +25,7 @@ from rlcore.dist import (
     save_hf_pretrained,
 )
 from rlcore.models import load_policy
-from rlcore.update import build_optimizer
+from rlcore.trainer.algorithm import optimizer as build_optimizer
 from tests.dist import workers
 from tests.dist.rollouts import fake_rollout, with_logprobs
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from configs import AlgoConfig, CriticConfig, OptimConfig
-from rlcore.critic import build_critic, compute_values, critic_update
+from rlcore.critic import build_critic, compute_values
+from tests.configured import update_critic
 from tests.dist import workers
 from tests.dist.rollouts import fake_rollout
 
@@ -24,7 +25,7 @@ def test_two_rank_critic_update_equals_one_process(tmp_path):
 
     critic = build_critic("builtin:tiny", seed=0)
     state = workers.new_state(critic, OptimConfig(lr=1e-3, eps=1e-3))
-    state, metrics = critic_update(
+    state, metrics = update_critic(
         state, batch, AlgoConfig(micro_batch_size=5), CriticConfig(value_clip=0.2), horizon=6
     )
     for key in ("critic/vf_loss", "critic/grad_norm", "critic/vf_clipfrac"):

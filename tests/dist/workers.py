@@ -25,7 +25,8 @@ from rlcore.dist import (
 )
 from rlcore.models import load_policy
 from rlcore.models.forward import compute_logprobs, micro_batches
-from rlcore.update import TrainState, build_optimizer, build_scheduler, update_step
+from tests.configured import new_state, update
+from tests.configured import update as update_step  # noqa: F401  (the tests call workers.update_step)
 
 WORLD = 2
 
@@ -44,11 +45,6 @@ def _entry(rank: int, worker: str, store: str, directory: str, args: tuple) -> N
         globals()[worker](rank, Path(directory), *args)
     finally:
         dist.destroy_process_group()
-
-
-def new_state(model, optim: OptimConfig, total_updates: int = 10) -> TrainState:
-    opt = build_optimizer(model, optim)
-    return TrainState(model=model, optimizer=opt, scheduler=build_scheduler(opt, optim, total_updates))
 
 
 def rank_rows(batch: Batch, *, n: int, prompts_per_update: int, rank: int, world: int) -> Batch:
@@ -81,7 +77,7 @@ def update_scenarios(rank: int, directory: Path, scenarios: list[dict]) -> None:
         state = new_state(model, sc["optim"])
         prompts = sc["algo"].mini_batch_size or len(batch) // sc["n"]
         local = rank_rows(batch, n=sc["n"], prompts_per_update=prompts, rank=rank, world=WORLD)
-        state, metrics = update_step(state, local, sc["algo"], sc["optim"], mesh=mesh, horizon=sc["horizon"])
+        state, metrics = update(state, local, sc["algo"], sc["optim"], mesh=mesh, horizon=sc["horizon"])
         weights = gathered_state(model)
         if rank == 0:
             torch.save({"metrics": metrics, "weights": weights}, directory / f"{sc['name']}.pt")
@@ -101,7 +97,7 @@ def checkpoint_and_stream(rank: int, directory: Path, algo: AlgoConfig, optim: O
     model, tokenizer = load_policy("builtin:tiny", seed=0)
     apply_fsdp(model, mesh)
     state = new_state(model, optim)
-    state, _ = update_step(state, local[0], algo, optim, mesh=mesh, horizon=12)
+    state, _ = update(state, local[0], algo, optim, mesh=mesh, horizon=12)
     after_first = gathered_state(model)
     rng = rng_state()
     save_checkpoint(
@@ -112,7 +108,7 @@ def checkpoint_and_stream(rank: int, directory: Path, algo: AlgoConfig, optim: O
         extra={"step": 1, "scheduler": state.scheduler.state_dict()},
         tensors=rng,
     )
-    state, metrics = update_step(state, local[1], algo, optim, mesh=mesh, horizon=12)
+    state, metrics = update(state, local[1], algo, optim, mesh=mesh, horizon=12)
     after_second = gathered_state(model)
 
     fresh, _ = load_policy("builtin:tiny", seed=5)  # different weights before loading
@@ -120,7 +116,7 @@ def checkpoint_and_stream(rank: int, directory: Path, algo: AlgoConfig, optim: O
     resumed = new_state(fresh, optim)
     extra, tensors = load_checkpoint(latest_checkpoint(directory / "ckpt"), fresh, resumed.optimizer)
     resumed.scheduler.load_state_dict(extra["scheduler"])
-    resumed, resumed_metrics = update_step(resumed, local[1], algo, optim, mesh=mesh, horizon=12)
+    resumed, resumed_metrics = update(resumed, local[1], algo, optim, mesh=mesh, horizon=12)
     after_resumed = gathered_state(fresh)
 
     save_hf_pretrained(model, tokenizer, directory / "hf", bucket_bytes=64 * 2**10)
@@ -143,7 +139,8 @@ def checkpoint_and_stream(rank: int, directory: Path, algo: AlgoConfig, optim: O
 def critic_update_worker(rank: int, directory: Path, batch: Batch) -> None:
     """One critic update on this rank's rows of `batch` (whole prompt groups), FSDP2 over 2 ranks."""
     from configs import CriticConfig
-    from rlcore.critic import build_critic, critic_update
+    from rlcore.critic import build_critic
+    from tests.configured import update_critic
 
     info = init_distributed("cpu")
     mesh = build_mesh(info)
@@ -151,7 +148,7 @@ def critic_update_worker(rank: int, directory: Path, batch: Batch) -> None:
     state = new_state(critic, OptimConfig(lr=1e-3, eps=1e-3))
     mine = rank_rows(batch, n=2, prompts_per_update=len(batch) // 2, rank=rank, world=WORLD)
     algo = AlgoConfig(micro_batch_size=3)
-    state, metrics = critic_update(state, mine, algo, CriticConfig(value_clip=0.2), mesh=mesh, horizon=6)
+    state, metrics = update_critic(state, mine, algo, CriticConfig(value_clip=0.2), mesh=mesh, horizon=6)
     weights = gathered_state(critic)
     if rank == 0:
         torch.save({"metrics": metrics, "weights": weights}, directory / "critic.pt")

@@ -1,0 +1,111 @@
+"""The shell's binding of a Config to the library's values: the Algorithm, the update plans, the optimizers.
+
+Hyper-parameters reach a table entry (`rlcore.pure.advantages.ESTIMATORS`,
+`rlcore.pure.losses.POLICY_LOSSES`) by name: a keyword parameter of the entry named like an `--algo`
+field (`gamma`, `lam`, `norm_by_std`, `clip_low`, `clip_high`, `clip_c`, ...) is bound to that flag's
+value, and a policy loss's `agg` to `--algo.loss-agg`. An entry a user adds from their own script
+(`ESTIMATORS["mine"] = fn`) is bound the same way and checked by `configs.validate` like a built-in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from functools import partial
+from typing import Any
+
+from configs import AlgoConfig, Config, CriticConfig, OptimConfig
+from rlcore.algorithm import ESTIMATOR_INPUTS, Algorithm, parameters
+from rlcore.pure.advantages import ESTIMATORS
+from rlcore.pure.losses import POLICY_LOSSES, value_loss
+from rlcore.update import UpdatePlan, build_optimizer, build_scheduler
+
+_ALGO_FIELDS = frozenset(f.name for f in dataclasses.fields(AlgoConfig))
+
+
+def bind_flags(fn: Any, algo: AlgoConfig, **extra: Any) -> Any:
+    """`fn` with each keyword parameter named like an --algo field bound to its value (and `extra`)."""
+    names = parameters(fn)
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values())
+    bound = {k: getattr(algo, k) for k in names & _ALGO_FIELDS if k not in ESTIMATOR_INPUTS}
+    return partial(fn, **bound, **{k: v for k, v in extra.items() if k in names or takes_any})
+
+
+def on_policy(cfg: Config) -> bool:
+    """One optimizer update per step (one epoch, one mini-batch) and no KL in the reward: the old policy
+    is the policy being updated, so its log-probs come from the update's forward (ratio 1, exactly as
+    with a separate pass) and the extra no-grad pass over the batch is skipped."""
+    a = cfg.algo
+    return a.ppo_epochs == 1 and a.mini_batch_size in (None, cfg.data.batch_size) and a.kl_coef == 0
+
+
+def build_algorithm(cfg: Config) -> Algorithm:
+    """The run's Algorithm: the --algo.adv-estimator and --algo.policy-loss entries, flags bound."""
+    return algorithm_of(cfg.algo, cfg.critic, on_policy=on_policy(cfg))
+
+
+def algorithm_of(a: AlgoConfig, critic: CriticConfig | None = None, *, on_policy: bool) -> Algorithm:
+    """The Algorithm of --algo (and --critic's value clip) with the on-policy shortcut as given."""
+    critic = critic or CriticConfig()
+    return Algorithm(
+        advantage_fn=bind_flags(ESTIMATORS[a.adv_estimator], a),
+        policy_loss_fn=bind_flags(POLICY_LOSSES[a.policy_loss], a, agg=a.loss_agg),
+        loss_agg=a.loss_agg,
+        kl_kind=a.kl_kind,
+        kl_loss_coef=a.kl_loss_coef if a.use_kl_loss else 0.0,
+        kl_loss_kind=a.kl_loss_kind,
+        entropy_coef=a.entropy_coef,
+        tis_cap=a.tis_cap,
+        value_loss_fn=partial(value_loss, clip=critic.value_clip, agg=a.loss_agg),
+        on_policy=on_policy,
+    )
+
+
+def update_plan(algo: AlgoConfig, *, grad_clip: float, batch_size: int | None = None) -> UpdatePlan:
+    """The update's shape from --algo; a mini-batch of the whole step's batch is spelled None."""
+    mini = None if algo.mini_batch_size == batch_size else algo.mini_batch_size
+    return UpdatePlan(
+        ppo_epochs=algo.ppo_epochs,
+        mini_batch_size=mini,
+        micro_batch_size=algo.micro_batch_size,
+        max_tokens_per_micro_batch=algo.max_tokens_per_micro_batch,
+        share_prompts=algo.share_prompts,
+        grad_clip=grad_clip,
+    )
+
+
+def actor_plan(cfg: Config) -> UpdatePlan:
+    return update_plan(cfg.algo, grad_clip=cfg.optim.grad_clip, batch_size=cfg.data.batch_size)
+
+
+def critic_plan(cfg: Config) -> UpdatePlan:
+    return update_plan(cfg.algo, grad_clip=cfg.critic.grad_clip, batch_size=cfg.data.batch_size)
+
+
+def optimizer(model: Any, optim: OptimConfig) -> Any:
+    """AdamW with --optim's settings."""
+    return build_optimizer(
+        model, lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
+    )
+
+
+def scheduler(opt: Any, optim: OptimConfig, total_updates: int) -> Any:
+    """The learning-rate schedule with --optim's settings over `total_updates` optimizer updates."""
+    return build_scheduler(
+        opt, total_updates=total_updates, warmup_steps=optim.warmup_steps, schedule=optim.schedule,
+        min_lr_ratio=optim.min_lr_ratio,
+    )  # fmt: skip
+
+
+def critic_optim(cfg: Config) -> OptimConfig:
+    """--optim with the critic's learning rate and warm-up."""
+    c: CriticConfig = cfg.critic
+    return dataclasses.replace(cfg.optim, lr=c.lr, warmup_steps=c.warmup_steps)
+
+
+def updates_per_run(cfg: Config) -> int:
+    """Optimizer updates of the whole run (steps x epochs x mini-batches)."""
+    a = cfg.algo
+    return (
+        cfg.trainer.steps * a.ppo_epochs * (cfg.data.batch_size // (a.mini_batch_size or cfg.data.batch_size))
+    )

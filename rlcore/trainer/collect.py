@@ -1,0 +1,102 @@
+"""One step's rollouts and rewards: `collect(state, handles, algorithm) -> (batch, metrics, cursor)`.
+
+Under torchrun every rank draws the same global batch of prompts from the shared cursor and keeps
+its own slice; with DAPO's dynamic sampling the number of rounds is decided over all ranks (every
+rank draws until every rank is full), so the cursor the step returns is the same on every rank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import torch
+
+from rlcore.algorithm import Algorithm
+from rlcore.batch import Batch
+from rlcore.data.dataset import Cursor
+from rlcore.data.prompts import pad_token_id
+from rlcore.dist.reduce import all_reduce_int
+from rlcore.rewards.step import OverlongPenalty
+from rlcore.rollout.base import SamplingParams
+from rlcore.state import TrainState
+from rlcore.steps import concat_rollouts, filter_groups, rollout_step, score_step
+
+
+def step_seed(seed: int, step: int, what: str) -> int:
+    """A sampling seed that depends on (seed, step, what) only, so resumed runs sample identically."""
+    return int.from_bytes(hashlib.blake2b(f"{seed}:{step}:{what}".encode(), digest_size=7).digest(), "little")
+
+
+def sampling(cfg: Any, step: int, round_: int = 0, rank: int = 0) -> SamplingParams:
+    """Step `step`'s sampling; each rank draws its own stream (its prompts are not another rank's)."""
+    r = cfg.rollout
+    return SamplingParams(
+        n=r.n,
+        max_tokens=r.max_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        seed=step_seed(cfg.trainer.seed, step, f"train{round_}" + (f"/rank{rank}" if rank else "")),
+    )
+
+
+def overlong(cfg: Any) -> OverlongPenalty | None:
+    r = cfg.reward
+    if r.overlong_buffer_length <= 0:
+        return None
+    return OverlongPenalty(
+        buffer_length=r.overlong_buffer_length,
+        penalty_factor=r.overlong_penalty_factor,
+        max_length=cfg.rollout.max_tokens,
+    )
+
+
+def this_rank(h: Any, prompts: Batch) -> Batch:
+    """SPMD data parallelism: every rank draws the same global batch and keeps its own slice of prompts."""
+    per = len(prompts) // h.dist.world_size
+    return prompts[h.dist.rank * per : (h.dist.rank + 1) * per]
+
+
+def collect(state: TrainState, h: Any, algorithm: Algorithm) -> tuple[Batch, dict[str, torch.Tensor], Cursor]:
+    """Rollout + rewards for step `state.step + 1`; with dynamic sampling, more rounds until every rank's
+    share of the batch is full. Returns this rank's rows, metrics, and the cursor after the prompts drawn."""
+    cfg, step, cursor = h.cfg, state.step + 1, state.cursor
+    share = cfg.data.batch_size // h.dist.world_size  # this rank's prompts
+    dynamic = cfg.algo.dynamic_sampling
+    kept: list[Batch] = []
+    metrics: dict[str, torch.Tensor] = {}
+    groups_seen = groups_kept = 0
+    for round_ in range(cfg.algo.max_sampling_rounds if dynamic else 1):
+        drawn, cursor = h.train_ds.take(cursor, cfg.data.batch_size)
+        prompts = this_rank(h, drawn)
+        batch, m = rollout_step(h.engine, prompts, sampling(cfg, step, round_, h.dist.rank))
+        batch, rm = score_step(h.scorer, batch, tokenizer=h.tokenizer, overlong=overlong(cfg))
+        if algorithm.needs_greedy_baseline:
+            batch = batch.with_(baseline_rewards=greedy_baseline(h, prompts))
+        if round_ == 0:
+            metrics |= m | rm
+            metrics["train/reward_mean"] = batch["token_scores"].sum(-1).mean()
+        if not dynamic:
+            return batch, metrics, cursor
+        batch, n_kept, n_seen = filter_groups(batch)
+        groups_seen, groups_kept = groups_seen + n_seen, groups_kept + n_kept
+        kept.append(batch)
+        if all_reduce_int(groups_kept, h.mesh, op="min") >= share:  # every rank is full
+            break
+    batch = concat_rollouts(kept, pad_token_id(h.tokenizer)) if len(kept) > 1 else kept[0]
+    batch = batch[: min(len(batch), share * cfg.rollout.n)]
+    seen, kept_all = all_reduce_int(groups_seen, h.mesh), all_reduce_int(groups_kept, h.mesh)
+    metrics["train/groups_drawn"] = torch.tensor(float(seen))  # over all ranks
+    metrics["train/groups_kept_frac"] = torch.tensor(kept_all / max(seen, 1))
+    return batch, metrics, cursor
+
+
+def greedy_baseline(h: Any, prompts: Batch) -> torch.Tensor:
+    """ReMax: the reward of each prompt's greedy response, repeated for its n samples.  # (b * n,)"""
+    cfg = h.cfg
+    greedy = SamplingParams(n=1, max_tokens=cfg.rollout.max_tokens, temperature=0.0)
+    batch, _ = score_step(
+        h.scorer, h.engine.generate(prompts, greedy), tokenizer=h.tokenizer, overlong=overlong(cfg)
+    )
+    return batch["token_scores"].sum(-1).repeat_interleave(cfg.rollout.n)

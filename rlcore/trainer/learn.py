@@ -1,0 +1,99 @@
+"""One step's learning: `learn(state, handles, algorithm, batch) -> (state, metrics)`.
+
+Old and reference log-probs, values, KL penalty and advantages, then the critic's and the actor's
+updates (`rlcore.update.run_updates`, the one update loop), then the adaptive KL controller on the
+KL of the global batch. The engine sleeps meanwhile (the caller's job).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any
+
+import torch
+
+from rlcore.algorithm import Algorithm
+from rlcore.batch import Batch
+from rlcore.critic import compute_values, critic_update
+from rlcore.dist.reduce import all_reduce
+from rlcore.pure.kl import adaptive_kl_coef
+from rlcore.rollout.vllm_engine import logprob_gap  # vllm itself is imported lazily
+from rlcore.state import TrainState
+from rlcore.steps import advantage_step, logprob_step
+from rlcore.trainer import faults
+from rlcore.trainer.algorithm import actor_plan, critic_plan
+from rlcore.trainer.collect import step_seed
+from rlcore.update import update_step
+
+
+class TrainingDiverged(RuntimeError):
+    """Too many consecutive updates had a non-finite loss or gradient."""
+
+
+def learn(state: TrainState, h: Any, algorithm: Algorithm, batch: Batch) -> tuple[TrainState, dict[str, Any]]:
+    """Old/reference log-probs, values, advantages, then the critic and actor updates of one step."""
+    cfg, step, metrics = h.cfg, state.step + 1, {}
+    forward = {"temperature": cfg.rollout.temperature, "micro_batch_size": cfg.algo.micro_batch_size,
+               "max_tokens": cfg.algo.max_tokens_per_micro_batch, "share_prompts": cfg.algo.share_prompts}  # fmt: skip
+    if not algorithm.on_policy:  # else the update's own forward gives them (and the rollout gap)
+        batch = logprob_step(state.actor.model, batch, key="old_logprobs", **forward)
+        metrics |= logprob_gap(batch, batch["old_logprobs"])  # rollout vs trainer log-probs
+    if h.ref_model is not None:
+        batch = logprob_step(h.ref_model, batch, key="ref_logprobs", **forward)
+    if state.critic is not None:
+        values = compute_values(state.critic.model, batch, micro_batch_size=cfg.algo.micro_batch_size,
+                                share_prompts=cfg.algo.share_prompts)  # fmt: skip
+        batch = batch.with_(values=values)
+    batch, am = advantage_step(batch, algorithm, kl_coef=state.kl_coef)
+    batch = faults.poison(batch, step)  # test-only NaN injection (RLCORE_TEST_NAN_AT_STEPS)
+    metrics |= am
+    update_started = time.perf_counter()
+    horizon = cfg.rollout.max_tokens
+    if state.critic is not None:
+        critic, cm = critic_update(state.critic, batch, algorithm.value_loss_fn, critic_plan(cfg), mesh=h.mesh,
+                                   horizon=horizon)  # fmt: skip
+        state, metrics = dataclasses.replace(state, critic=critic), metrics | cm
+        if step <= cfg.critic.critic_warmup:  # only the critic learns during its warm-up
+            return state, metrics
+    actor, um = update_step(state.actor, batch, algorithm, actor_plan(cfg), mesh=h.mesh, horizon=horizon,
+                            temperature=cfg.rollout.temperature, seed=step_seed(cfg.trainer.seed, step, "loss"))  # fmt: skip
+    metrics |= um
+    metrics["timing/update_s"] = time.perf_counter() - update_started
+    kl_coef = state.kl_coef
+    if cfg.algo.kl_coef > 0 and cfg.algo.kl_ctrl == "adaptive":
+        kl_coef = next_kl_coef(h, kl_coef, metrics["actor/reward_kl_penalty"], rows=len(batch))
+    return dataclasses.replace(state, actor=actor, kl_coef=kl_coef), metrics
+
+
+def next_kl_coef(h: Any, coef: float, local_kl: torch.Tensor, *, rows: int) -> float:
+    """The adaptive controller's next coefficient from the KL of the global batch (ranks hold equal rows:
+    the mean of the ranks' means), with verl's n_steps = the step's batch size over all ranks."""
+    world = h.dist.world_size
+    observed = all_reduce(local_kl.to(h.dist.device), h.mesh) / world
+    a = h.cfg.algo
+    return float(
+        adaptive_kl_coef(coef, observed.cpu(), rows * world, target=a.kl_target, horizon=a.kl_horizon)
+    )
+
+
+def check_bad_updates(
+    bad_updates: int,
+    step: int,
+    update_metrics: dict[str, float],
+    last_finite: dict[str, float],
+    *,
+    limit: int,
+) -> dict[str, float]:
+    """Skipped updates are counted by the update loop; more than `limit` in a row abort with the last
+    finite metrics. Returns the metrics to remember as the last finite ones."""
+    if bad_updates == 0:
+        return {k: v for k, v in update_metrics.items() if math.isfinite(v)}
+    if bad_updates > limit:
+        last = ", ".join(f"{k}={v:.4g}" for k, v in sorted(last_finite.items())) or "none"
+        raise TrainingDiverged(
+            f"step {step}: {bad_updates} consecutive updates had a non-finite loss or gradient "
+            f"(--trainer.max-bad-updates {limit}); last finite metrics: {last}"
+        )
+    return last_finite
