@@ -159,7 +159,26 @@ class AlgoConfig:
     max_sampling_rounds: int = 3
     """DAPO dynamic sampling: most generation rounds per step."""
     tis_cap: float | None = None
-    """Truncated importance sampling: weight tokens by min(p_trainer / p_rollout, cap) (None = off)."""
+    """Truncated importance sampling: weight tokens by min(p_trainer / p_rollout, cap) (None = off);
+    the same as --algo.rollout-is token with --algo.rollout-is-cap, computed inside the update."""
+    rollout_is: Literal["token", "sequence", "geometric"] | None = None
+    """Decoupled PPO: the ratio is against the recomputed old policy and each token's loss is weighted
+    by the truncated importance weight old/rollout at this level (token; sequence: the product over
+    the response; geometric: its geometric mean). None: off. Metrics rollout_corr/is_*."""
+    rollout_is_cap: float = 2.0
+    """Upper truncation of the rollout IS weights."""
+    rollout_rs: Literal["token", "sequence", "geometric"] | None = None
+    """Rejection: drop from the loss (and the advantages) the units whose old/rollout ratio leaves
+    [--algo.rollout-rs-lower, --algo.rollout-rs-upper]; token level is IcePop's mask. None: off."""
+    rollout_rs_upper: float = 2.0
+    """Upper ratio bound of the rejection."""
+    rollout_rs_lower: float | None = None
+    """Lower ratio bound of the rejection (None: 1 / upper)."""
+    rollout_veto: float | None = None
+    """Drop every response holding a token whose old/rollout ratio is below this (None: off)."""
+    bypass: bool = False
+    """Use the rollout engine's log-probs as the old policy (no recompute pass): PPO's ratio then also
+    corrects the rollout/trainer gap (verl's bypass mode)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -217,6 +236,17 @@ class TrainerConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PipelineConfig:
+    max_staleness: int = 0
+    """K: the batch of step t is generated with policy version max(0, t - 1 - K) exactly (lag mode),
+    so rollouts run up to K updates ahead of training; 0 is the synchronous algorithm. Each token
+    carries its version (rollout_versions); the old log-probs are recomputed (K > 0 is off-policy:
+    see --algo.rollout-is / --algo.rollout-rs for corrections)."""
+    mode: Literal["lag"] = "lag"
+    """lag: deterministic for a seed and resumed exactly (the batches generated ahead are checkpointed)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class LogConfig:
     wandb: Literal["off", "offline", "online"] = "off"
     """Weights & Biases logging."""
@@ -241,6 +271,7 @@ class Config:
     critic: CriticConfig = field(default_factory=CriticConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     out_dir: str | None = None
     """Where the run writes (default runs/<preset>-<timestamp>)."""
     resume: str = "auto"
@@ -364,6 +395,31 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
             f"--algo.mini-batch-size {a.mini_batch_size} is not divisible by the world size {world_size}",
         )
     _need(a.ppo_epochs >= 1, f"--algo.ppo-epochs {a.ppo_epochs}: must be >= 1")
+    k = cfg.pipeline.max_staleness
+    _need(k >= 0, f"--pipeline.max-staleness {k}: must be >= 0 (0 is synchronous)")
+    _need(
+        k == 0 or a.objective == "rl", f"--pipeline.max-staleness {k}: --algo.objective sft has no rollouts"
+    )
+    _need(
+        a.tis_cap is None or a.rollout_is is None,
+        f"--algo.tis-cap {a.tis_cap} and --algo.rollout-is {a.rollout_is}: both weight by old/rollout; use one",
+    )
+    corrected = a.rollout_is or a.rollout_rs or a.rollout_veto is not None
+    _need(
+        not (a.bypass and corrected),
+        "--algo.bypass: the old policy is then the rollout's, so --algo.rollout-is / -rs / -veto would see "
+        "ratios of 1; drop them or drop --algo.bypass",
+    )
+    for flag, value in (
+        ("--algo.rollout-is-cap", a.rollout_is_cap),
+        ("--algo.rollout-rs-upper", a.rollout_rs_upper),
+    ):
+        _need(value > 0, f"{flag} {value}: must be > 0")
+    _need(
+        a.rollout_rs_lower is None or 0 <= a.rollout_rs_lower <= a.rollout_rs_upper,
+        f"--algo.rollout-rs-lower {a.rollout_rs_lower}: must be in [0, --algo.rollout-rs-upper {a.rollout_rs_upper}]",
+    )
+    _need(a.rollout_veto is None or a.rollout_veto > 0, f"--algo.rollout-veto {a.rollout_veto}: must be > 0")
     _need(a.micro_batch_size >= 1, f"--algo.micro-batch-size {a.micro_batch_size}: must be >= 1")
     _need(cfg.optim.lr > 0, f"--optim.lr {cfg.optim.lr}: must be > 0")
     _need(t.steps >= 1, f"--trainer.steps {t.steps}: must be >= 1")

@@ -29,6 +29,8 @@ from typing import Any
 
 from torch import Tensor
 
+from rlcore.batch import Batch
+
 ESTIMATOR_INPUTS = ("token_rewards", "response_mask", "group_ids", "values", "baseline_rewards")
 """Batch inputs an advantage estimator may take, by parameter name (the contract of ESTIMATORS)."""
 
@@ -75,6 +77,12 @@ class Algorithm:
     """Entropy bonus coefficient (subtracted from the loss; 0: entropy only measured)."""
     tis_cap: float | None = None
     """Truncated importance sampling of trainer vs rollout probabilities (None: off)."""
+    correction: Callable[..., tuple[Batch, dict[str, Tensor]]] | None = None
+    """Off-policy correction of a batch with old and rollout log-probs, before the advantages
+    (`rlcore.steps.correction_step` with its levels and thresholds bound): IS weights as the batch's
+    `is_weights`, rejected units out of its `response_mask`. None: off."""
+    bypass: bool = False
+    """The rollout's log-probs are the old policy (no recompute pass)."""
     value_loss_fn: Callable[..., tuple[Tensor, dict[str, Tensor]]] | None = None
     """The critic's loss, clip bound (None: no critic)."""
     on_policy: bool = False

@@ -14,9 +14,29 @@ rank holds the same TrainState scalars.
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Mapping
 
+import torch
+from torch import Tensor
+
+from rlcore.batch import Batch
 from rlcore.data.dataset import Cursor
 from rlcore.update import ModelState
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Rollout:
+    """A batch generated ahead of the step that trains on it (lag mode)."""
+
+    step: int
+    """The training step this batch is for."""
+    batch: Batch
+    """This rank's rows, scored, with `rollout_versions`."""
+    metrics: Mapping[str, float]
+    """Its rollout and reward metrics, logged at `step`."""
+    version: int
+    """The policy version that generated it."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -33,6 +53,8 @@ class TrainState:
     """Where the next training batch starts in the train dataset."""
     step: int = 0
     """Training steps completed."""
+    pending: tuple[Rollout, ...] = ()
+    """Batches generated for the next steps, oldest first (up to K of them between steps)."""
     policy_version: int = 0
     """The version of the weights the rollout engine samples with: 0 the starting (or restored) ones,
     +1 per push after an update (the asynchronous pipeline bounds the gap to the trainer's by it)."""
@@ -43,4 +65,33 @@ class TrainState:
         return self.actor.bad_updates
 
 
-__all__ = ["TrainState"]
+def rollouts_to_tensors(pending: tuple[Rollout, ...]) -> dict[str, Tensor]:
+    """The pending batches as one flat dict of tensors (for a checkpoint's per-rank tensor file): each
+    batch's tensors under `pending/<i>/<name>`, its per-row values and bookkeeping as JSON bytes under
+    `pending/<i>/json` (loaded back with `weights_only`, no pickle)."""
+    out: dict[str, Tensor] = {}
+    for i, r in enumerate(pending):
+        out |= {f"pending/{i}/{name}": t for name, t in r.batch.tensors.items()}
+        doc = {"step": r.step, "version": r.version, "metrics": dict(r.metrics), "rows": dict(r.batch.non_tensors),
+               "meta": dict(r.batch.meta)}  # fmt: skip
+        out[f"pending/{i}/json"] = torch.frombuffer(bytearray(json.dumps(doc).encode()), dtype=torch.uint8)
+    return out
+
+
+def rollouts_from_tensors(tensors: Mapping[str, Tensor]) -> tuple[Rollout, ...]:
+    """Inverse of `rollouts_to_tensors` (other keys are ignored)."""
+    pending = []
+    for i in range(sum(1 for k in tensors if k.startswith("pending/") and k.endswith("/json"))):
+        prefix = f"pending/{i}/"
+        doc = json.loads(bytes(tensors[prefix + "json"].tolist()).decode())
+        fields = {
+            k.removeprefix(prefix): t
+            for k, t in tensors.items()
+            if k.startswith(prefix) and k != prefix + "json"
+        }
+        batch = Batch(tensors=fields, non_tensors=doc["rows"], meta=doc["meta"])
+        pending.append(Rollout(step=doc["step"], batch=batch, metrics=doc["metrics"], version=doc["version"]))
+    return tuple(pending)
+
+
+__all__ = ["Rollout", "TrainState", "rollouts_from_tensors", "rollouts_to_tensors"]

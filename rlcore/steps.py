@@ -20,6 +20,7 @@ from torch import Tensor
 
 from rlcore.algorithm import Algorithm
 from rlcore.batch import Batch
+from rlcore.pure.corrections import is_weights, offpolicy_metrics, rejection_mask, veto_mask
 from rlcore.pure.kl import apply_kl_penalty
 from rlcore.pure.masks import masked_mean
 from rlcore.rewards.step import score_step
@@ -28,6 +29,7 @@ from rlcore.rollout.base import RolloutEngine, SamplingParams
 __all__ = [
     "advantage_step",
     "concat_rollouts",
+    "correction_step",
     "estimator_kwargs",
     "filter_groups",
     "group_ids",
@@ -112,6 +114,38 @@ def advantage_step(
     }
     batch = batch.with_(token_rewards=rewards, advantages=advantages, returns=returns, overwrite=True)
     return batch, metrics
+
+
+def correction_step(
+    batch: Batch,
+    *,
+    is_level: str | None = None,
+    is_cap: float = 2.0,
+    rs_level: str | None = None,
+    rs_upper: float = 2.0,
+    rs_lower: float | None = None,
+    veto: float | None = None,
+) -> tuple[Batch, dict[str, Tensor]]:
+    """Off-policy corrections of old (`old_logprobs`) vs behaviour (`rollout_logprobs`) policy, as verl
+    applies them before the advantages: `is_weights` (b, t) when `is_level` is set; the rejection and
+    the veto remove units from `response_mask`. Metrics under `rollout_corr/` (rlcore.pure.corrections)."""
+    old, rollout, mask = batch["old_logprobs"], batch["rollout_logprobs"], batch["response_mask"]
+    metrics = offpolicy_metrics(old, rollout, mask)
+    fields: dict[str, Tensor] = {}
+    if is_level is not None:
+        fields["is_weights"], m = is_weights(old, rollout, mask, level=is_level, cap=is_cap)
+        metrics |= m
+    kept = mask
+    if rs_level is not None:
+        kept, m = rejection_mask(old, rollout, kept, level=rs_level, upper=rs_upper, lower=rs_lower)
+        metrics |= m
+    if veto is not None:
+        kept, m = veto_mask(old, rollout, kept, threshold=veto)
+        metrics |= m
+    if kept is not mask:
+        fields["response_mask"] = kept
+    batch = batch.with_(**fields, overwrite=True) if fields else batch
+    return batch, {f"rollout_corr/{k}": v for k, v in metrics.items()}
 
 
 PROMPT_FIELDS = ("input_ids", "attention_mask", "position_ids")

@@ -331,6 +331,8 @@ def _needed_fields(batch: Batch, algorithm: Algorithm) -> tuple[str, ...]:
         fields.append("ref_logprobs")
     if algorithm.tis_cap is not None and "rollout_logprobs" not in fields:
         fields.append("rollout_logprobs")
+    if "is_weights" in batch:  # decoupled PPO: the correction step's weights for the behaviour gap
+        fields.append("is_weights")
     why = {
         "ref_logprobs": "--algo.use-kl-loss",
         "rollout_logprobs": "--algo.tis-cap",
@@ -365,6 +367,8 @@ def actor_micro_loss(
     if algorithm.tis_cap is not None:  # truncated importance sampling: trainer vs rollout probabilities
         log_w = (old - micro["rollout_logprobs"][:, :r]).clamp(-20.0, 20.0)
         extra["is_weights"] = log_w.exp().clamp(max=algorithm.tis_cap)  # (m, r)
+    elif "is_weights" in micro:
+        extra["is_weights"] = micro["is_weights"][:, :r]  # (m, r)
     if "generator" in parameters(algorithm.policy_loss_fn):
         extra["generator"] = generator  # clip_cov: new token draws every step, the same on a resume
     agg = {"num_tokens": norms["num_tokens"], "num_seqs": norms["num_seqs"], "horizon": norms["horizon"]}

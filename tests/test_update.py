@@ -258,3 +258,39 @@ def test_clip_cov_draws_new_tokens_every_step_and_the_same_on_a_rerun(setup, mon
     first, second, rerun = draws
     assert not torch.equal(first, second)
     assert torch.equal(first, rerun)
+
+
+def test_decoupled_is_weights_from_the_correction_step_scale_the_loss(setup):
+    """correction_step's is_weights reach the policy loss: with every weight 2 the token-mean loss and
+    its gradient double (the same update as tis_cap with weights of 2)."""
+    from rlcore.steps import correction_step
+
+    base, batch = setup
+    shifted = batch.with_(rollout_logprobs=batch["old_logprobs"] - math.log(2.0), overwrite=True)
+    corrected, metrics = correction_step(shifted, is_level="token", is_cap=5.0)
+    assert metrics["rollout_corr/is_mean"].item() == pytest.approx(2.0, rel=1e-6)
+    weights = corrected["is_weights"]
+    torch.testing.assert_close(weights, 2.0 * batch["response_mask"].to(weights.dtype))
+    _, plain = update(_state(copy.deepcopy(base)), batch, AlgoConfig(), OPTIM, horizon=HORIZON)
+    _, weighted = update(_state(copy.deepcopy(base)), corrected, AlgoConfig(), OPTIM, horizon=HORIZON)
+    assert weighted["actor/pg_loss"] == pytest.approx(2.0 * plain["actor/pg_loss"], rel=1e-6)
+    assert weighted["actor/grad_norm"] == pytest.approx(2.0 * plain["actor/grad_norm"], rel=1e-6)
+
+
+def test_rejection_and_veto_remove_units_from_the_mask(setup):
+    from rlcore.steps import correction_step
+
+    _, batch = setup
+    mask = batch["response_mask"]
+    gap = torch.zeros_like(batch["old_logprobs"])
+    gap[0, 0] = math.log(10.0)  # one token of row 0 ten times likelier under the trainer
+    shifted = batch.with_(rollout_logprobs=batch["old_logprobs"] - gap, overwrite=True)
+    token, _ = correction_step(shifted, rs_level="token", rs_upper=2.0)
+    expected = mask.clone()
+    expected[0, 0] = 0
+    torch.testing.assert_close(token["response_mask"], expected)
+    seq, m = correction_step(shifted, rs_level="sequence", rs_upper=2.0, veto=0.5)
+    expected = mask.clone()
+    expected[0] = 0  # the whole row
+    torch.testing.assert_close(seq["response_mask"], expected)
+    assert m["rollout_corr/veto_fraction"].item() == 0.0  # no ratio below 0.5

@@ -18,6 +18,7 @@ from configs import AlgoConfig, Config, CriticConfig, OptimConfig
 from rlcore.algorithm import ESTIMATOR_INPUTS, Algorithm, parameters
 from rlcore.pure.advantages import ESTIMATORS
 from rlcore.pure.losses import POLICY_LOSSES, value_loss
+from rlcore.steps import correction_step
 from rlcore.update import UpdatePlan, build_optimizer, build_scheduler
 
 _ALGO_FIELDS = frozenset(f.name for f in dataclasses.fields(AlgoConfig))
@@ -36,7 +37,12 @@ def on_policy(cfg: Config) -> bool:
     is the policy being updated, so its log-probs come from the update's forward (ratio 1, exactly as
     with a separate pass) and the extra no-grad pass over the batch is skipped."""
     a = cfg.algo
-    return a.ppo_epochs == 1 and a.mini_batch_size in (None, cfg.data.batch_size) and a.kl_coef == 0
+    corrected = (
+        a.rollout_is or a.rollout_rs or a.rollout_veto is not None or a.bypass
+    )  # need old log-probs first
+    one_update = a.ppo_epochs == 1 and a.mini_batch_size in (None, cfg.data.batch_size)
+    fresh = cfg.pipeline.max_staleness == 0  # a lagged batch was sampled by an older policy
+    return one_update and a.kl_coef == 0 and not corrected and fresh
 
 
 def build_algorithm(cfg: Config) -> Algorithm:
@@ -56,9 +62,19 @@ def algorithm_of(a: AlgoConfig, critic: CriticConfig | None = None, *, on_policy
         kl_loss_kind=a.kl_loss_kind,
         entropy_coef=a.entropy_coef,
         tis_cap=a.tis_cap,
+        correction=_correction(a),
+        bypass=a.bypass,
         value_loss_fn=partial(value_loss, clip=critic.value_clip, agg=a.loss_agg),
         on_policy=on_policy,
     )
+
+
+def _correction(a: AlgoConfig) -> Any:
+    """correction_step with the --algo.rollout-* settings bound, or None when none is on."""
+    if a.rollout_is is None and a.rollout_rs is None and a.rollout_veto is None:
+        return None
+    return partial(correction_step, is_level=a.rollout_is, is_cap=a.rollout_is_cap, rs_level=a.rollout_rs,
+                   rs_upper=a.rollout_rs_upper, rs_lower=a.rollout_rs_lower, veto=a.rollout_veto)  # fmt: skip
 
 
 def update_plan(algo: AlgoConfig, *, grad_clip: float, batch_size: int | None = None) -> UpdatePlan:

@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from rlcore.state import TrainState
+from rlcore.state import TrainState, rollouts_from_tensors, rollouts_to_tensors
 from rlcore.trainer import faults
 from rlcore.trainer.errors import StopRun, reason
 
@@ -36,6 +36,7 @@ def _extra(state: TrainState, h: Any) -> dict[str, Any]:
         "bad_updates": state.actor.bad_updates,  # a resumed run keeps counting towards --trainer.max-bad-updates
         "actor_updates": state.actor.step,
         "policy_version": state.policy_version,
+        "pending_steps": [r.step for r in state.pending],  # batches generated ahead (lag mode), per rank
     }
 
 
@@ -73,6 +74,7 @@ def _write(state: TrainState, h: Any, root: Path) -> None:
         state.actor.model,
         state.actor.optimizer,
         extra=_extra(state, h),
+        tensors=rollouts_to_tensors(state.pending),
         before_commit=lambda: faults.before_commit(step),
     )
 
@@ -114,7 +116,13 @@ def resume(state: TrainState, h: Any) -> TrainState:
 def _load(state: TrainState, h: Any, path: Path) -> TrainState:
     from rlcore.dist.checkpoint import load_checkpoint
 
-    extra, _ = load_checkpoint(path, state.actor.model, state.actor.optimizer)
+    extra, tensors = load_checkpoint(path, state.actor.model, state.actor.optimizer)
+    pending = rollouts_from_tensors(tensors)
+    if [r.step for r in pending] != extra.get("pending_steps", []):
+        raise ValueError(
+            f"this rank holds the batches of steps {[r.step for r in pending]} generated ahead, the checkpoint "
+            f"lists {extra.get('pending_steps')}: resume lag mode with the world size it was saved with"
+        )
     state.actor.scheduler.load_state_dict(extra["scheduler"])
     critic = state.critic
     if critic is not None:
@@ -128,6 +136,7 @@ def _load(state: TrainState, h: Any, path: Path) -> TrainState:
     return dataclasses.replace(
         state, actor=actor, critic=critic, step=step, kl_coef=float(extra["kl_coef"]),
         cursor=h.train_ds.cursor_from_state(extra["data"]), policy_version=extra.get("policy_version", step),
+        pending=pending,
     )  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""One step's rollouts and rewards: `collect(state, handles, algorithm) -> (batch, metrics, cursor)`.
+"""Rollouts and rewards: `fill(state, handles, algorithm)` generates the batches the next steps train on.
 
 Under torchrun every rank draws the same global batch of prompts from the shared cursor and keeps
 its own slice; with DAPO's dynamic sampling the number of rounds is decided over all ranks (every
@@ -7,6 +7,7 @@ rank draws until every rank is full), so the cursor the step returns is the same
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from typing import Any
 
@@ -19,7 +20,7 @@ from rlcore.data.prompts import pad_token_id
 from rlcore.dist.reduce import all_reduce_int
 from rlcore.rewards.step import OverlongPenalty
 from rlcore.rollout.base import SamplingParams
-from rlcore.state import TrainState
+from rlcore.state import Rollout, TrainState
 from rlcore.steps import concat_rollouts, filter_groups, rollout_step, score_step
 
 
@@ -58,10 +59,29 @@ def this_rank(h: Any, prompts: Batch) -> Batch:
     return prompts[h.dist.rank * per : (h.dist.rank + 1) * per]
 
 
-def collect(state: TrainState, h: Any, algorithm: Algorithm) -> tuple[Batch, dict[str, torch.Tensor], Cursor]:
-    """Rollout + rewards for step `state.step + 1`; with dynamic sampling, more rounds until every rank's
-    share of the batch is full. Returns this rank's rows, metrics, and the cursor after the prompts drawn."""
-    cfg, step, cursor = h.cfg, state.step + 1, state.cursor
+def fill(state: TrainState, h: Any, algorithm: Algorithm) -> TrainState:
+    """Generate, with the engine's current weights, the batches of the steps up to state.step + 1 + K
+    (K = --pipeline.max-staleness, capped at the last step) that are not pending yet: each batch of
+    step t is then generated with policy version max(0, t - 1 - K) (lag mode; K = 0: synchronous)."""
+    last = min(state.step + 1 + h.cfg.pipeline.max_staleness, h.cfg.trainer.steps)
+    pending = list(state.pending)
+    next_step = pending[-1].step + 1 if pending else state.step + 1
+    for step in range(next_step, last + 1):
+        batch, metrics, cursor = collect(state, h, algorithm, step)
+        versions = torch.full(batch["responses"].shape, state.policy_version, dtype=torch.long)  # (b, t)
+        batch = batch.with_(rollout_versions=versions)
+        floats = {k: float(v) for k, v in metrics.items()}
+        pending.append(Rollout(step=step, batch=batch, metrics=floats, version=state.policy_version))
+        state = dataclasses.replace(state, cursor=cursor)
+    return dataclasses.replace(state, pending=tuple(pending))
+
+
+def collect(
+    state: TrainState, h: Any, algorithm: Algorithm, step: int
+) -> tuple[Batch, dict[str, torch.Tensor], Cursor]:
+    """Rollout + rewards for step `step`; with dynamic sampling, more rounds until every rank's share of
+    the batch is full. Returns this rank's rows, metrics, and the cursor after the prompts drawn."""
+    cfg, cursor = h.cfg, state.cursor
     share = cfg.data.batch_size // h.dist.world_size  # this rank's prompts
     dynamic = cfg.algo.dynamic_sampling
     kept: list[Batch] = []
@@ -100,3 +120,16 @@ def greedy_baseline(h: Any, prompts: Batch) -> torch.Tensor:
         h.scorer, h.engine.generate(prompts, greedy), tokenizer=h.tokenizer, overlong=overlong(cfg)
     )
     return batch["token_scores"].sum(-1).repeat_interleave(cfg.rollout.n)
+
+
+def staleness(batch: Batch, version: int) -> dict[str, float]:
+    """`pipeline/staleness_mean` / `_max`: versions between the trainer's policy and the one that
+    generated each response token."""
+    mask = batch["response_mask"] != 0
+    behind = (version - batch["rollout_versions"]).to(torch.float32)  # (b, t)
+    count = mask.sum().clamp(min=1)
+    top = behind[mask].max() if mask.any() else behind.new_zeros(())
+    return {
+        "pipeline/staleness_mean": float((behind * mask).sum() / count),
+        "pipeline/staleness_max": float(top),
+    }

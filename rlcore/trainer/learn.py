@@ -37,9 +37,14 @@ def learn(state: TrainState, h: Any, algorithm: Algorithm, batch: Batch) -> tupl
     cfg, step, metrics = h.cfg, state.step + 1, {}
     forward = {"temperature": cfg.rollout.temperature, "micro_batch_size": cfg.algo.micro_batch_size,
                "max_tokens": cfg.algo.max_tokens_per_micro_batch, "share_prompts": cfg.algo.share_prompts}  # fmt: skip
-    if not algorithm.on_policy:  # else the update's own forward gives them (and the rollout gap)
+    if algorithm.bypass:  # the rollout's log-probs are the old policy: no recompute pass
+        batch = batch.with_(old_logprobs=batch["rollout_logprobs"], overwrite=True)
+    elif not algorithm.on_policy:  # else the update's own forward gives them (and the rollout gap)
         batch = logprob_step(state.actor.model, batch, key="old_logprobs", **forward)
         metrics |= logprob_gap(batch, batch["old_logprobs"])  # rollout vs trainer log-probs
+    if algorithm.correction is not None:  # IS weights, rejected units out of the mask (before advantages)
+        batch, corr = algorithm.correction(batch)
+        metrics |= corr
     if h.ref_model is not None:
         batch = logprob_step(h.ref_model, batch, key="ref_logprobs", **forward)
     if state.critic is not None:

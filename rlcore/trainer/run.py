@@ -32,14 +32,16 @@ from rlcore.rewards.custom import RewardSpecError
 from rlcore.rewards.pool import RewardScorer
 from rlcore.state import TrainState
 from rlcore.trainer import checkpoints, faults, models
-from rlcore.trainer.algorithm import build_algorithm
-from rlcore.trainer.collect import collect, step_seed, this_rank
+from rlcore.trainer.algorithm import actor_plan, build_algorithm
+from rlcore.trainer.collect import fill, staleness, step_seed, this_rank
 from rlcore.trainer.errors import StopRun, reason
 from rlcore.trainer.health import gap_warning
 from rlcore.trainer.learn import TrainingDiverged, check_bad_updates, learn
 from rlcore.trainer.logger import MetricsLogger, read_metrics
 from rlcore.trainer.plots import plot_curves
+from rlcore.trainer.sft import sft_batch
 from rlcore.trainer.validation import validate_policy
+from rlcore.update import update_step
 
 USER_ERRORS = (ConfigError, DataError, RewardSpecError)
 __all__ = ["Handles", "TrainingDiverged", "build", "run", "step_seed", "train_step"]
@@ -146,9 +148,8 @@ def _datasets(cfg: Config, tokenizer: Any) -> tuple[PromptDataset, PromptDataset
 def loop(state: TrainState, h: Handles, algorithm: Algorithm) -> TrainState:
     cfg = h.cfg
     state = checkpoints.resume(state, h)
-    push(
-        state, h
-    )  # the engine starts from the policy's weights (restored ones after a resume): no new version
+    # the engine starts from the policy's weights (restored ones after a resume): not a new version
+    push(state, h)
     if state.step == 0 and h.val_ds is not None and cfg.trainer.val_every > 0:
         h.logger.log(0, _validation(h, 0))
     first, last_finite = state.step + 1, {}
@@ -176,8 +177,9 @@ def train_step(state: TrainState, h: Handles, algorithm: Algorithm) -> tuple[Tra
     if h.cfg.algo.objective == "sft":
         return sft_step(state, h, algorithm)
     started, step = time.perf_counter(), state.step + 1
-    batch, metrics, cursor = collect(state, h, algorithm)
-    state = dataclasses.replace(state, cursor=cursor)
+    state = fill(state, h, algorithm)  # this step's batch, and up to K more ahead (lag mode)
+    rollout, state = state.pending[0], dataclasses.replace(state, pending=state.pending[1:])
+    batch, metrics = rollout.batch, dict(rollout.metrics) | staleness(rollout.batch, state.policy_version)
     faults.kill_point(step, "rollout")  # test-only fault injection (RLCORE_TEST_KILL_AT)
     batch = batch[: all_reduce_int(len(batch), h.mesh, op="min")]  # dynamic sampling: equal groups per rank
     if len(batch) == 0:  # no group with a signal on some rank: every rank skips the step together
@@ -202,10 +204,6 @@ def train_step(state: TrainState, h: Handles, algorithm: Algorithm) -> tuple[Tra
 
 def sft_step(state: TrainState, h: Handles, algorithm: Algorithm) -> tuple[TrainState, dict[str, float]]:
     """One supervised step (objective sft): teacher-forced targets, NLL through the update loop."""
-    from rlcore.trainer.algorithm import actor_plan
-    from rlcore.trainer.sft import sft_batch
-    from rlcore.update import update_step
-
     cfg, started, step = h.cfg, time.perf_counter(), state.step + 1
     drawn, cursor = h.train_ds.take(state.cursor, cfg.data.batch_size)
     batch = sft_batch(this_rank(h, drawn), h.tokenizer)
@@ -229,7 +227,10 @@ def push(state: TrainState, h: Handles) -> tuple[TrainState, dict[str, float]]:
 
 
 def _check_gap(h: Handles, step: int, metrics: dict[str, float]) -> None:
-    """One `warning:` line when the rollout/trainer gap (max over ranks) is above the dtype's bound."""
+    """One `warning:` line when the rollout/trainer gap (max over ranks) is above the dtype's bound; only
+    for a batch the current weights generated (a lagged one differs by design). Every rank agrees."""
+    if metrics.get("pipeline/staleness_max", 0.0) > 0:  # reduced over ranks: the same everywhere
+        return
     local = metrics.get("rollout/logprob_diff_max", 0.0)  # absent: sft, or an empty step
     gap = float(all_reduce(torch.tensor(local, device=h.dist.device), h.mesh, op="max"))
     line = gap_warning(gap, engine=h.cfg.rollout.engine, dtype=h.cfg.model.dtype, step=step)

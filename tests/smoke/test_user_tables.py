@@ -67,3 +67,13 @@ def test_a_users_group_estimator_is_checked_like_a_builtin(tmp_path) -> None:
     proc = run_script(tmp_path, "--algo.adv-estimator", "needs_beta")
     assert proc.returncode == 2
     assert "--algo.adv-estimator needs_beta: its parameters ['beta'] are neither batch inputs" in proc.stderr
+
+
+def test_the_objective_not_the_preset_name_selects_sft(tmp_path) -> None:
+    from tests.smoke.test_train import train
+
+    proc = train("grpo", *SMALL, "--algo.objective", "sft", "--algo.policy-loss", "gpg", "--trainer.steps", "1",
+                 "--trainer.val-every", "0", out=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (record,) = read_metrics(tmp_path / "metrics.jsonl")
+    assert "sft/nll" in record and "train/reward_mean" not in record
