@@ -61,3 +61,30 @@ def test_sft_under_torchrun_validates_the_trained_weights(tmp_path) -> None:
     # each rank's engine copy equals the trained (sharded) policy at the end of the run
     assert rank0["engine_matches_policy"] is True
     assert states(dump)[1]["engine_matches_policy"] is True
+
+
+def test_lag_mode_under_torchrun_resumes_exactly_and_ranks_agree(tmp_path) -> None:
+    """K = 2 on 2 ranks: each rank checkpoints its own slice of the batches generated ahead."""
+    args = [
+        "grpo",
+        *ARGS,
+        "--trainer.steps",
+        "4",
+        "--pipeline.max-staleness",
+        "2",
+        "--trainer.save-every",
+        "1",
+    ]
+    reference, dump = tmp_path / "reference", tmp_path / "state"
+    proc = torchrun(*args, "--out-dir", str(reference), env={"RLCORE_TEST_DUMP_STATE": str(dump)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rank0, rank1 = states(dump)
+    assert rank0 == rank1 and rank0["policy_version"] == 4
+    killed = tmp_path / "killed"
+    proc = torchrun(*args, "--out-dir", str(killed), env={"RLCORE_TEST_KILL_AT": "2:update"})
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    proc = torchrun(*args, "--out-dir", str(killed), "--resume", "auto")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_same_run(reference, killed)
+    staleness = [r["pipeline/staleness_max"] for r in read_metrics(killed / "metrics.jsonl")]
+    assert staleness == [0.0, 1.0, 2.0, 2.0]
