@@ -165,3 +165,23 @@ def reduce_metrics_worker(rank: int, directory: Path) -> None:
     if rank == 0:
         local["only_rank0"] = 7.0
     (directory / f"reduced{rank}.json").write_text(json.dumps(reduce_metrics(local, mesh)))
+
+
+def transfer_worker(rank: int, directory: Path) -> None:
+    """Rank 0 sends two batches (one blocking, one async with a collective in between); rank 1 saves them."""
+    from rlcore.dist.transfer import recv_batch, send_batch
+    from tests.dist.test_transfer import sample_batch
+
+    if rank == 0:
+        send_batch(sample_batch(), dst=1)
+        works = send_batch(sample_batch(seed=1), dst=1, async_op=True)
+        dist.broadcast(torch.ones(3), src=0)  # e.g. a weight push the receiver joins before reading
+        for work in works:
+            work.wait()
+        return
+    first = recv_batch(src=0)
+    dist.broadcast(torch.zeros(3), src=0)
+    second = recv_batch(src=0)
+    plain = {key: dict(b.tensors) | {"rows": dict(b.non_tensors), "meta": dict(b.meta)}
+             for key, b in (("first", first), ("second", second))}  # fmt: skip
+    torch.save(plain, directory / "received.pt")
