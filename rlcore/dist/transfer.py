@@ -1,8 +1,11 @@
-"""Batches between ranks, point to point, without pickle: what split placement moves from rollout ranks
-to trainer ranks (issue 16).
+"""Batches and weights between ranks without pickle: what split placement moves between its roles
+(issue 16): rollouts from rollout ranks to trainer ranks, weights back.
 
     send_batch(batch, dst=1)              # rank 0
     batch = recv_batch(src=0)             # rank 1: the same fields, dtypes, shapes, values and meta
+    with WeightPush(model) as push:       # a trainer rank (src)
+        broadcast_weights(model, push, src=1, group=group)
+    engine.load_weights(receive_weights(src=1, group=group))   # each rollout rank: one engine update
 
 A batch travels as a JSON header (field names, dtypes, shapes, the per-row non-tensor values and the
 meta dict, which must be JSON-able: strings, numbers, lists, dicts, None) and then its tensors, each
@@ -14,6 +17,7 @@ its receiver reads (a weight push) keeps the returned works and waits on them la
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -73,4 +77,41 @@ def recv_batch(src: int, *, group: Any = None) -> Batch:
     return Batch(tensors=tensors, non_tensors=doc["rows"], meta=doc["meta"])
 
 
-__all__ = ["header", "recv_batch", "send_batch"]
+def weight_manifest(model: torch.nn.Module) -> list[list[Any]]:
+    """[name, dtype, full shape] of each tensor a `WeightPush` of `model` sends, in its order (tied
+    tensors once; DTensors by their global shape, nothing gathered)."""
+    seen: set[int] = set()
+    out = []
+    for name, value in model.state_dict(keep_vars=True).items():
+        if id(value) not in seen:
+            seen.add(id(value))
+            out.append([name, str(value.dtype).removeprefix("torch."), list(value.shape)])
+    return out
+
+
+def broadcast_weights(model: torch.nn.Module, weights: Any, *, src: int, group: Any = None) -> None:
+    """Send a push of `model` (`weights`: its `WeightPush`, iterated here) from `src` to every other rank
+    of `group`, whose `receive_weights` feeds its engine; one broadcast per tensor after a manifest."""
+    device = _device(group)
+    text = torch.frombuffer(bytearray(json.dumps(weight_manifest(model)).encode()), dtype=torch.uint8)
+    dist.broadcast(torch.tensor([text.numel()], dtype=torch.int64, device=device), src, group=group)
+    dist.broadcast(text.to(device), src, group=group)
+    for _, tensor in weights:
+        dist.broadcast(tensor.detach().contiguous().to(device), src, group=group)
+
+
+def receive_weights(*, src: int, group: Any = None) -> Iterator[tuple[str, Tensor]]:
+    """The (name, tensor) pairs `broadcast_weights` sends, as they arrive: give the iterator to one
+    `engine.load_weights` call (one update of the engine). It must be read to the end."""
+    device = _device(group)
+    size = torch.zeros(1, dtype=torch.int64, device=device)
+    dist.broadcast(size, src, group=group)
+    text = torch.zeros(int(size.item()), dtype=torch.uint8, device=device)
+    dist.broadcast(text, src, group=group)
+    for name, dtype, shape in json.loads(text.cpu().numpy().tobytes().decode()):
+        tensor = torch.empty(shape, dtype=_DTYPES[dtype], device=device)
+        dist.broadcast(tensor, src, group=group)
+        yield name, tensor
+
+
+__all__ = ["broadcast_weights", "header", "receive_weights", "recv_batch", "send_batch", "weight_manifest"]

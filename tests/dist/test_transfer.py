@@ -8,6 +8,7 @@ import torch
 
 from rlcore.batch import Batch
 from rlcore.dist.transfer import header
+from rlcore.models import load_policy
 from tests.dist import workers
 
 
@@ -43,3 +44,16 @@ def test_values_json_cannot_carry_are_refused_naming_the_field() -> None:
     batch = Batch.from_dict({"x": torch.zeros(1), "extra_info": [{"blob": b"bytes"}]})
     with pytest.raises(ValueError, match="field 'extra_info' holds values JSON cannot carry"):
         header(batch)
+
+
+def test_a_weight_push_over_a_group_reaches_the_other_ranks_engine(tmp_path) -> None:
+    workers.spawn("weights_worker", tmp_path)
+    trainer = torch.load(tmp_path / "trainer.pt", weights_only=True)
+    engine = torch.load(tmp_path / "engine.pt", weights_only=True)
+    assert trainer.keys() == engine.keys()
+    assert not torch.equal(
+        trainer["model.embed_tokens.weight"],
+        load_policy("builtin:tiny", seed=0)[0].state_dict()["model.embed_tokens.weight"],
+    )
+    for name, tensor in trainer.items():
+        assert torch.equal(engine[name], tensor), name  # seed 0 -> seed 1 weights, tied head included

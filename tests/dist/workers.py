@@ -185,3 +185,21 @@ def transfer_worker(rank: int, directory: Path) -> None:
     plain = {key: dict(b.tensors) | {"rows": dict(b.non_tensors), "meta": dict(b.meta)}
              for key, b in (("first", first), ("second", second))}  # fmt: skip
     torch.save(plain, directory / "received.pt")
+
+
+def weights_worker(rank: int, directory: Path) -> None:
+    """Rank 1 (a trainer) broadcasts a push of its model; rank 0's native engine copy loads it in one call."""
+    from rlcore.dist.stream import WeightPush
+    from rlcore.dist.transfer import broadcast_weights, receive_weights
+    from rlcore.rollout.native import NativeEngine
+
+    if rank == 1:
+        model, _ = load_policy("builtin:tiny", seed=1)
+        with WeightPush(model, bucket_bytes=1) as push:
+            broadcast_weights(model, push, src=1)
+        torch.save(dict(model.state_dict()), directory / "trainer.pt")
+        return
+    model, tokenizer = load_policy("builtin:tiny", seed=0)
+    engine = NativeEngine(model, tokenizer, device=torch.device("cpu"))
+    engine.load_weights(receive_weights(src=1))
+    torch.save(dict(engine.model.state_dict()), directory / "engine.pt")
