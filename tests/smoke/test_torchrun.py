@@ -70,3 +70,36 @@ def test_a_save_failing_on_one_rank_stops_every_rank(tmp_path):
     ckpts = tmp_path / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["step_1"]  # no step_2, no .tmp
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]
+
+
+def test_two_torchrun_agents_equal_one_agent_with_two_processes(tmp_path):
+    """Multi-node (issue 16, item 8): two agents (--nnodes 2, c10d rendezvous on localhost) run the same
+    SPMD job as one agent with 2 processes: same metrics, bit-identical final weights."""
+    import socket
+
+    from tests.reliability.helpers import assert_same_run
+
+    proc = torchrun(*ARGS, "--out-dir", str(tmp_path / "one"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ) | {"OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"}
+
+    def agent(node: int) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+               "--node_rank", str(node), "--rdzv_backend", "c10d", "--rdzv_endpoint", f"localhost:{port}",
+               "--rdzv_id", "two-agents", str(ROOT / "train.py"), *ARGS, "--out-dir", str(tmp_path / "two")]  # fmt: skip
+        return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                start_new_session=True)  # fmt: skip
+
+    agents = [agent(0), agent(1)]
+    try:
+        outputs = [agent.communicate(timeout=300) for agent in agents]
+    finally:
+        for launched in agents:
+            if launched.poll() is None:
+                os.killpg(launched.pid, signal.SIGKILL)
+    for launched, (_, err) in zip(agents, outputs, strict=True):
+        assert launched.returncode == 0, err[-3000:]
+    assert_same_run(tmp_path / "one", tmp_path / "two")
