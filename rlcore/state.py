@@ -74,7 +74,13 @@ def rollouts_to_tensors(pending: tuple[Rollout, ...]) -> dict[str, Tensor]:
         out |= {f"pending/{i}/{name}": t for name, t in r.batch.tensors.items()}
         doc = {"step": r.step, "version": r.version, "metrics": dict(r.metrics), "rows": dict(r.batch.non_tensors),
                "meta": dict(r.batch.meta)}  # fmt: skip
-        out[f"pending/{i}/json"] = torch.frombuffer(bytearray(json.dumps(doc).encode()), dtype=torch.uint8)
+        try:
+            text = json.dumps(doc)
+        except (TypeError, ValueError) as e:  # a row value JSON cannot carry: say which, not a traceback
+            raise ValueError(
+                f"the batch of step {r.step}, generated ahead, holds a value JSON cannot carry ({e})"
+            ) from None
+        out[f"pending/{i}/json"] = torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8)
     return out
 
 

@@ -64,3 +64,26 @@ def test_rollouts_of_different_widths_concatenate_with_prompts_left_and_response
         alone, _ = compute_logprobs(model, part)
         w = part["responses"].shape[1]
         torch.testing.assert_close(joined[rows, :w] * part["response_mask"], alone * part["response_mask"])
+
+
+def test_pending_batches_round_trip_through_checkpoint_tensors_and_refuse_non_json():
+    from rlcore.state import Rollout, rollouts_from_tensors, rollouts_to_tensors
+
+    batch = Batch.from_dict({"responses": torch.arange(6).view(2, 3), "mask": torch.ones(2, 3),
+                             "uid": ["a", "b"], "ground_truth": [{"x": [1, 2]}, None]}, meta={"k": 1})  # fmt: skip
+    pending = (Rollout(step=4, batch=batch, metrics={"train/reward_mean": 0.5}, version=2),
+               Rollout(step=5, batch=batch[:1], metrics={}, version=3))  # fmt: skip
+    back = rollouts_from_tensors(rollouts_to_tensors(pending))
+    assert [(r.step, r.version, dict(r.metrics)) for r in back] == [
+        (4, 2, {"train/reward_mean": 0.5}),
+        (5, 3, {}),
+    ]
+    for got, sent in zip(back, pending, strict=True):
+        assert got.batch.keys() == sent.batch.keys() and dict(got.batch.meta) == dict(sent.batch.meta)
+        assert all(torch.equal(got.batch[k], sent.batch[k]) for k in sent.batch.tensors)
+        assert dict(got.batch.non_tensors) == dict(sent.batch.non_tensors)
+    bad = (Rollout(step=1, batch=batch.with_(blob=[b"x", b"y"]), metrics={}, version=0),)
+    with pytest.raises(
+        ValueError, match="the batch of step 1, generated ahead, holds a value JSON cannot carry"
+    ):
+        rollouts_to_tensors(bad)

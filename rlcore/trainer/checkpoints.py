@@ -47,6 +47,11 @@ def save(state: TrainState, h: Any) -> None:
     root, step = h.out_dir / "checkpoints", state.step
     try:
         _write(state, h, root)
+    except ValueError as e:  # lag mode: a batch generated ahead that JSON cannot carry
+        raise StopRun(
+            f"cannot write checkpoint {root / f'step_{step}'}: {e}; in lag mode (--pipeline.max-staleness) the "
+            "rows' ground_truth / extra_info must be JSON values (strings, numbers, lists, objects)"
+        ) from None
     except (OSError, RuntimeError, _checkpoint_exception()) as e:
         for tmp in (root / f"step_{step}.tmp", root / "critic" / f"step_{step}.tmp"):
             shutil.rmtree(tmp, ignore_errors=True)
