@@ -326,6 +326,11 @@ PRESETS: dict[str, tuple[str, Config]] = {
 # ---------------------------------------------------------------- validation
 
 
+def corrects(a: AlgoConfig) -> bool:
+    """Whether an off-policy correction of old vs rollout log-probs is on (--algo.rollout-is/-rs/-veto)."""
+    return a.rollout_is is not None or a.rollout_rs is not None or a.rollout_veto is not None
+
+
 def _need(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
@@ -404,9 +409,8 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
         a.tis_cap is None or a.rollout_is is None,
         f"--algo.tis-cap {a.tis_cap} and --algo.rollout-is {a.rollout_is}: both weight by old/rollout; use one",
     )
-    corrected = a.rollout_is or a.rollout_rs or a.rollout_veto is not None
     _need(
-        not (a.bypass and corrected),
+        not (a.bypass and corrects(a)),
         "--algo.bypass: the old policy is then the rollout's, so --algo.rollout-is / -rs / -veto would see "
         "ratios of 1; drop them or drop --algo.bypass",
     )

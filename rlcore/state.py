@@ -14,14 +14,13 @@ rank holds the same TrainState scalars.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 
-import torch
 from torch import Tensor
 
 from rlcore.batch import Batch
 from rlcore.data.dataset import Cursor
+from rlcore.dist.transfer import json_tensor, tensor_json
 from rlcore.update import ModelState
 
 
@@ -75,12 +74,11 @@ def rollouts_to_tensors(pending: tuple[Rollout, ...]) -> dict[str, Tensor]:
         doc = {"step": r.step, "version": r.version, "metrics": dict(r.metrics), "rows": dict(r.batch.non_tensors),
                "meta": dict(r.batch.meta)}  # fmt: skip
         try:
-            text = json.dumps(doc)
+            out[f"pending/{i}/json"] = json_tensor(doc)
         except (TypeError, ValueError) as e:  # a row value JSON cannot carry: say which, not a traceback
             raise ValueError(
                 f"the batch of step {r.step}, generated ahead, holds a value JSON cannot carry ({e})"
             ) from None
-        out[f"pending/{i}/json"] = torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8)
     return out
 
 
@@ -89,7 +87,7 @@ def rollouts_from_tensors(tensors: Mapping[str, Tensor]) -> tuple[Rollout, ...]:
     pending = []
     for i in range(sum(1 for k in tensors if k.startswith("pending/") and k.endswith("/json"))):
         prefix = f"pending/{i}/"
-        doc = json.loads(bytes(tensors[prefix + "json"].tolist()).decode())
+        doc = tensor_json(tensors[prefix + "json"])
         fields = {
             k.removeprefix(prefix): t
             for k, t in tensors.items()

@@ -56,6 +56,7 @@ from rlcore.models.forward import (
     response_logits,
     token_entropy,
 )
+from rlcore.pure.corrections import is_weights
 from rlcore.pure.kl import kl_estimate
 from rlcore.pure.logprobs import token_logprobs
 from rlcore.pure.losses import aggregate
@@ -325,12 +326,10 @@ def _needed_fields(batch: Batch, algorithm: Algorithm) -> tuple[str, ...]:
     fields = [*SEQUENCE_FIELDS, "advantages"]
     if not algorithm.on_policy:
         fields.append("old_logprobs")
-    if (algorithm.on_policy or algorithm.tis_cap is not None) and "rollout_logprobs" in batch:
-        fields.append("rollout_logprobs")  # on-policy: the rollout gap is measured in the update
+    if algorithm.tis_cap is not None or (algorithm.on_policy and "rollout_logprobs" in batch):
+        fields.append("rollout_logprobs")  # tis_cap needs it; on-policy, the rollout gap is measured here
     if algorithm.kl_loss_coef > 0:
         fields.append("ref_logprobs")
-    if algorithm.tis_cap is not None and "rollout_logprobs" not in fields:
-        fields.append("rollout_logprobs")
     if "is_weights" in batch:  # decoupled PPO: the correction step's weights for the behaviour gap
         fields.append("is_weights")
     why = {
@@ -365,13 +364,14 @@ def actor_micro_loss(
     old = logprob.detach() if algorithm.on_policy else micro["old_logprobs"][:, :r]
     extra: dict[str, Any] = {}
     if algorithm.tis_cap is not None:  # truncated importance sampling: trainer vs rollout probabilities
-        log_w = (old - micro["rollout_logprobs"][:, :r]).clamp(-20.0, 20.0)
-        extra["is_weights"] = log_w.exp().clamp(max=algorithm.tis_cap)  # (m, r)
+        extra["is_weights"], _ = is_weights(
+            old, micro["rollout_logprobs"][:, :r], mask, cap=algorithm.tis_cap
+        )
     elif "is_weights" in micro:
         extra["is_weights"] = micro["is_weights"][:, :r]  # (m, r)
-    if "generator" in parameters(algorithm.policy_loss_fn):
-        extra["generator"] = generator  # clip_cov: new token draws every step, the same on a resume
-    agg = {"num_tokens": norms["num_tokens"], "num_seqs": norms["num_seqs"], "horizon": norms["horizon"]}
+    if generator is not None:  # clip_cov: new token draws every step, the same on a resume
+        extra["generator"] = generator
+    agg = norms  # num_tokens, num_seqs, horizon: the aggregation's global normalisers
     pg_loss, pg_metrics = algorithm.policy_loss_fn(
         logprob, old, micro["advantages"][:, :r], mask, **extra, **agg
     )
@@ -432,8 +432,10 @@ def update_step(
             "update_step: an on-policy algorithm makes one update per step: ppo_epochs 1 and "
             f"mini_batch_size None (the whole batch), got {plan.ppo_epochs} and {plan.mini_batch_size}"
         )
-    device = next(state.model.parameters()).device  # where the log-probs (and clip_cov's draws) live
-    generator = torch.Generator(device=device).manual_seed((seed * 1_000_003 + state.step) % (2**63 - 1))
+    generator = None  # only for a loss that samples (clip_cov), looked up once per step
+    if "generator" in parameters(algorithm.policy_loss_fn):
+        device = next(state.model.parameters()).device  # where the log-probs (and the draws) live
+        generator = torch.Generator(device=device).manual_seed((seed * 1_000_003 + state.step) % (2**63 - 1))
     loss = partial(actor_micro_loss, algorithm=algorithm, temperature=temperature,
                    share_prompts=plan.share_prompts, generator=generator)  # fmt: skip
     return run_updates(state, work, loss, plan, mesh=mesh, horizon=horizon, prefix="actor")

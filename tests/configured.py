@@ -12,13 +12,12 @@ from typing import Any
 from configs import AlgoConfig, CriticConfig, OptimConfig
 from rlcore.batch import Batch
 from rlcore.critic import critic_update
-from rlcore.trainer.algorithm import algorithm_of, optimizer, scheduler, update_plan
+from rlcore.trainer.algorithm import algorithm_of, model_state, update_plan
 from rlcore.update import ModelState, update_step
 
 
 def new_state(model: Any, optim: OptimConfig, total_updates: int = 10) -> ModelState:
-    opt = optimizer(model, optim)
-    return ModelState(model=model, optimizer=opt, scheduler=scheduler(opt, optim, total_updates))
+    return model_state(model, optim, total_updates)
 
 
 def update(state: ModelState, batch: Batch, algo: AlgoConfig, optim: OptimConfig, **kw: Any):

@@ -54,6 +54,16 @@ def _full_tensor(t: Tensor) -> Tensor:
     return t.detach().full_tensor()
 
 
+def unique_state(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """(name, tensor) of the model's state dict in order, each tensor once: a tied parameter under its
+    first name only (what a push or an export sends; DTensors as they are, nothing gathered)."""
+    seen: set[int] = set()
+    for name, value in model.state_dict(keep_vars=True).items():
+        if id(value) not in seen:
+            seen.add(id(value))
+            yield name, value
+
+
 def iter_full_state(
     model: nn.Module, *, bucket_bytes: int = BUCKET_BYTES, all_ranks: bool = False
 ) -> Iterator[list[tuple[str, Tensor]]]:
@@ -64,13 +74,9 @@ def iter_full_state(
     the same number of buckets. Tensors keep their dtype and device (the parameters' device).
     """
     is_main = all_ranks or _rank() == 0
-    seen: set[int] = set()
     bucket: list[tuple[str, Tensor]] = []
     size = 0
-    for name, value in model.state_dict(keep_vars=True).items():
-        if id(value) in seen:  # a tied parameter already sent under its first name
-            continue
-        seen.add(id(value))
+    for name, value in unique_state(model):
         full = _full_tensor(value)
         size += full.numel() * full.element_size()
         if is_main:
@@ -191,4 +197,4 @@ def gathered_state(model: nn.Module) -> dict[str, Tensor]:
     return {name: t.to("cpu") for bucket in iter_full_state(model) for name, t in bucket}
 
 
-__all__ = ["BUCKET_BYTES", "WeightPush", "gathered_state", "iter_full_state", "save_hf_pretrained"]
+__all__ = ["BUCKET_BYTES", "WeightPush", "gathered_state", "iter_full_state", "save_hf_pretrained", "unique_state"]

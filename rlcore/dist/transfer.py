@@ -25,10 +25,21 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rlcore.batch import Batch
+from rlcore.dist.stream import unique_state
 
 _DTYPES = {str(t).removeprefix("torch."): t for t in (torch.float16, torch.bfloat16, torch.float32, torch.float64,
                                                        torch.int8, torch.int16, torch.int32, torch.int64,
                                                        torch.uint8, torch.bool)}  # fmt: skip
+
+
+def json_tensor(doc: Any) -> Tensor:
+    """`doc` as a uint8 tensor of its JSON text (TypeError / ValueError when JSON cannot carry it)."""
+    return torch.frombuffer(bytearray(json.dumps(doc).encode()), dtype=torch.uint8)
+
+
+def tensor_json(text: Tensor) -> Any:
+    """The value `json_tensor` encoded."""
+    return json.loads(text.cpu().numpy().tobytes().decode())
 
 
 def _device(group: Any) -> torch.device:
@@ -36,23 +47,22 @@ def _device(group: Any) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
 
-def header(batch: Batch) -> bytes:
-    """The JSON description of `batch` (everything but the tensors' values); ValueError names a field
-    whose values are not JSON-able."""
+def header(batch: Batch) -> Tensor:
+    """The JSON description of `batch` (everything but the tensors' values) as `json_tensor`; ValueError
+    names a field whose values are not JSON-able."""
     fields = [[name, str(t.dtype).removeprefix("torch."), list(t.shape)] for name, t in batch.tensors.items()]
     for name, values in batch.non_tensors.items():
         try:
             json.dumps(values)
         except (TypeError, ValueError) as e:
             raise ValueError(f"send_batch: field {name!r} holds values JSON cannot carry ({e})") from None
-    doc = {"tensors": fields, "rows": dict(batch.non_tensors), "meta": dict(batch.meta)}
-    return json.dumps(doc).encode()
+    return json_tensor({"tensors": fields, "rows": dict(batch.non_tensors), "meta": dict(batch.meta)})
 
 
 def send_batch(batch: Batch, dst: int, *, group: Any = None, async_op: bool = False) -> list[Any]:
     """Send `batch` to global rank `dst` (see the module docstring); returns the works when `async_op`."""
     device = _device(group)
-    text = torch.frombuffer(bytearray(header(batch)), dtype=torch.uint8)
+    text = header(batch)
     pieces = [torch.tensor([text.numel()], dtype=torch.int64), text]
     pieces += [t.detach().contiguous() for t in batch.tensors.values() if t.numel()]  # empty ones: shape only
     send = dist.isend if async_op else dist.send
@@ -67,7 +77,7 @@ def recv_batch(src: int, *, group: Any = None) -> Batch:
     dist.recv(size, src, group=group)
     text = torch.zeros(int(size.item()), dtype=torch.uint8, device=device)
     dist.recv(text, src, group=group)
-    doc = json.loads(text.cpu().numpy().tobytes().decode())
+    doc = tensor_json(text)
     tensors: dict[str, Tensor] = {}
     for name, dtype, shape in doc["tensors"]:
         tensor = torch.empty(shape, dtype=_DTYPES[dtype], device=device)
@@ -80,20 +90,14 @@ def recv_batch(src: int, *, group: Any = None) -> Batch:
 def weight_manifest(model: torch.nn.Module) -> list[list[Any]]:
     """[name, dtype, full shape] of each tensor a `WeightPush` of `model` sends, in its order (tied
     tensors once; DTensors by their global shape, nothing gathered)."""
-    seen: set[int] = set()
-    out = []
-    for name, value in model.state_dict(keep_vars=True).items():
-        if id(value) not in seen:
-            seen.add(id(value))
-            out.append([name, str(value.dtype).removeprefix("torch."), list(value.shape)])
-    return out
+    return [[name, str(t.dtype).removeprefix("torch."), list(t.shape)] for name, t in unique_state(model)]
 
 
 def broadcast_weights(model: torch.nn.Module, weights: Any, *, src: int, group: Any = None) -> None:
     """Send a push of `model` (`weights`: its `WeightPush`, iterated here) from `src` to every other rank
     of `group`, whose `receive_weights` feeds its engine; one broadcast per tensor after a manifest."""
     device = _device(group)
-    text = torch.frombuffer(bytearray(json.dumps(weight_manifest(model)).encode()), dtype=torch.uint8)
+    text = json_tensor(weight_manifest(model))
     dist.broadcast(torch.tensor([text.numel()], dtype=torch.int64, device=device), src, group=group)
     dist.broadcast(text.to(device), src, group=group)
     for _, tensor in weights:
@@ -108,10 +112,13 @@ def receive_weights(*, src: int, group: Any = None) -> Iterator[tuple[str, Tenso
     dist.broadcast(size, src, group=group)
     text = torch.zeros(int(size.item()), dtype=torch.uint8, device=device)
     dist.broadcast(text, src, group=group)
-    for name, dtype, shape in json.loads(text.cpu().numpy().tobytes().decode()):
+    for name, dtype, shape in tensor_json(text):
         tensor = torch.empty(shape, dtype=_DTYPES[dtype], device=device)
         dist.broadcast(tensor, src, group=group)
         yield name, tensor
 
 
-__all__ = ["broadcast_weights", "header", "receive_weights", "recv_batch", "send_batch", "weight_manifest"]
+__all__ = [
+    "broadcast_weights", "header", "json_tensor", "receive_weights", "recv_batch", "send_batch", "tensor_json",
+    "weight_manifest",
+]  # fmt: skip

@@ -144,7 +144,7 @@ def offpolicy_metrics(logprob: Tensor, rollout_logprob: Tensor, response_mask: T
     `kl` = mean(log mu - log pi) (KL(mu || pi), k1), `k3_kl` = mean(exp(L) - L - 1), `chi2_token` =
     mean(exp(2 L)) - 1 and `chi2_seq` = mean over rows of exp(2 sum_t L) - 1 (L clamped to +-20)."""
     mask = response_mask != 0
-    log_ratio = torch.where(mask, logprob - rollout_logprob, torch.zeros_like(logprob))  # (b, t)
+    log_ratio = level_log_ratio(logprob, rollout_logprob, response_mask, "token")  # (b, t), 0 off the mask
     rows = mask.any(-1)
     seq = masked_sum(log_ratio, mask, dim=-1).clamp(-SAFETY_BOUND, SAFETY_BOUND)  # (b,)
     return {

@@ -14,12 +14,12 @@ import inspect
 from functools import partial
 from typing import Any
 
-from configs import AlgoConfig, Config, CriticConfig, OptimConfig
+from configs import AlgoConfig, Config, CriticConfig, OptimConfig, corrects
 from rlcore.algorithm import ESTIMATOR_INPUTS, Algorithm, parameters
 from rlcore.pure.advantages import ESTIMATORS
 from rlcore.pure.losses import POLICY_LOSSES, value_loss
 from rlcore.steps import correction_step
-from rlcore.update import UpdatePlan, build_optimizer, build_scheduler
+from rlcore.update import ModelState, UpdatePlan, build_optimizer, build_scheduler
 
 _ALGO_FIELDS = frozenset(f.name for f in dataclasses.fields(AlgoConfig))
 
@@ -37,9 +37,7 @@ def on_policy(cfg: Config) -> bool:
     is the policy being updated, so its log-probs come from the update's forward (ratio 1, exactly as
     with a separate pass) and the extra no-grad pass over the batch is skipped."""
     a = cfg.algo
-    corrected = (
-        a.rollout_is or a.rollout_rs or a.rollout_veto is not None or a.bypass
-    )  # need old log-probs first
+    corrected = corrects(a) or a.bypass  # the old log-probs come before the update
     one_update = a.ppo_epochs == 1 and a.mini_batch_size in (None, cfg.data.batch_size)
     fresh = cfg.pipeline.max_staleness == 0  # a lagged batch was sampled by an older policy
     return one_update and a.kl_coef == 0 and not corrected and fresh
@@ -71,7 +69,7 @@ def algorithm_of(a: AlgoConfig, critic: CriticConfig | None = None, *, on_policy
 
 def _correction(a: AlgoConfig) -> Any:
     """correction_step with the --algo.rollout-* settings bound, or None when none is on."""
-    if a.rollout_is is None and a.rollout_rs is None and a.rollout_veto is None:
+    if not corrects(a):
         return None
     return partial(correction_step, is_level=a.rollout_is, is_cap=a.rollout_is_cap, rs_level=a.rollout_rs,
                    rs_upper=a.rollout_rs_upper, rs_lower=a.rollout_rs_lower, veto=a.rollout_veto)  # fmt: skip
@@ -111,6 +109,12 @@ def scheduler(opt: Any, optim: OptimConfig, total_updates: int) -> Any:
         opt, total_updates=total_updates, warmup_steps=optim.warmup_steps, schedule=optim.schedule,
         min_lr_ratio=optim.min_lr_ratio,
     )  # fmt: skip
+
+
+def model_state(model: Any, optim: OptimConfig, total_updates: int) -> ModelState:
+    """`model` with AdamW and its schedule over `total_updates` updates, both from `optim`."""
+    opt = optimizer(model, optim)
+    return ModelState(model=model, optimizer=opt, scheduler=scheduler(opt, optim, total_updates))
 
 
 def critic_optim(cfg: Config) -> OptimConfig:

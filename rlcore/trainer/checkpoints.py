@@ -89,28 +89,28 @@ def resume(state: TrainState, h: Any) -> TrainState:
     a fresh start (whose stale metrics records, if any, are dropped)."""
     from rlcore.dist.checkpoint import COMPLETE, latest_checkpoint
 
-    resume = h.cfg.resume
+    spec = h.cfg.resume
     path = None
-    if resume != "none":
-        path = latest_checkpoint(h.out_dir / "checkpoints") if resume == "auto" else Path(resume)
+    if spec != "none":
+        path = latest_checkpoint(h.out_dir / "checkpoints") if spec == "auto" else Path(spec)
     if path is None:  # a fresh start: records of an earlier attempt in this directory are stale
         if h.dist.rank == 0:
             _truncate_metrics(h.out_dir / "metrics.jsonl", -1)
         return state
     if not path.is_dir():
         raise StopRun(
-            f"--resume {resume}: no checkpoint at {path}; use auto, none, or a checkpoints/step_<N> directory"
+            f"--resume {spec}: no checkpoint at {path}; use auto, none, or a checkpoints/step_<N> directory"
         )
     if not (path / COMPLETE).is_file():
         raise StopRun(
-            f"--resume {resume}: {path} is not a complete checkpoint (no {COMPLETE} file); give a "
+            f"--resume {spec}: {path} is not a complete checkpoint (no {COMPLETE} file); give a "
             "checkpoints/step_<N> directory written by a finished save, or auto, or none"
         )
     try:
         state = _load(state, h, path)
     except (*LOAD_ERRORS, _checkpoint_exception()) as e:
         raise StopRun(
-            f"--resume {resume}: checkpoint {path} cannot be loaded ({reason(e)}); it was written by another "
+            f"--resume {spec}: checkpoint {path} cannot be loaded ({reason(e)}); it was written by another "
             "model/data setup or is damaged: delete it to resume from the one before, or use --resume none"
         ) from None
     if h.dist.rank == 0:

@@ -49,11 +49,9 @@ def build_reference(cfg: Config, dist: Any, mesh: Any) -> Any:
 
 def build_state(cfg: Config, model: Any, dist: Any) -> Any:
     """The actor's ModelState: the policy with AdamW (--optim) and its schedule over the run's updates."""
-    from rlcore.trainer.algorithm import optimizer, scheduler, updates_per_run
-    from rlcore.update import ModelState
+    from rlcore.trainer.algorithm import model_state, updates_per_run
 
-    opt = optimizer(model, cfg.optim)
-    return ModelState(model=model, optimizer=opt, scheduler=scheduler(opt, cfg.optim, updates_per_run(cfg)))
+    return model_state(model, cfg.optim, updates_per_run(cfg))
 
 
 def build_engine(cfg: Config, model: Any, tokenizer: Any, dist: Any, mesh: Any) -> Any:
@@ -134,12 +132,16 @@ def sync_bucket_bytes(cfg: Config) -> int:
     return max(1, int(cfg.rollout.sync_bucket_mb * 2**20))
 
 
+def _engine_model(engine: Any) -> Any:
+    """The module a native engine samples with (under the agent loop's wrapper too); None for vLLM."""
+    return getattr(getattr(engine, "inner", engine), "model", None)
+
+
 def push_weights(model: Any, engine: Any, *, bucket_bytes: int) -> dict[str, float]:
     """Push `model`'s full weights into `engine` as one update, gathered `bucket_bytes` at a time
     (nothing to do when the engine samples from `model` itself); returns `sync/bytes` and
     `sync/tensors` pushed. A collective under FSDP: every rank calls it."""
-    inner = getattr(engine, "inner", engine)  # under the agent loop's wrapper
-    if getattr(inner, "model", None) is model:
+    if _engine_model(engine) is model:
         return {"sync/bytes": 0.0, "sync/tensors": 0.0}  # the native engine samples from the trained module
     from rlcore.dist.stream import WeightPush
 
@@ -152,8 +154,7 @@ def push_weights(model: Any, engine: Any, *, bucket_bytes: int) -> dict[str, flo
 def engine_holds(model: Any, engine: Any) -> bool | None:
     """Whether `engine` samples with `model`'s current weights (None: cannot tell, e.g. vLLM). A
     collective under FSDP: every rank calls it."""
-    inner = getattr(engine, "inner", engine)
-    own = getattr(inner, "model", None)
+    own = _engine_model(engine)
     if own is model:
         return True
     if own is None:
@@ -180,8 +181,7 @@ def save_final(model: Any, tokenizer: Any, out_dir: Any) -> None:
 def build_critic_state(cfg: Config, dist: Any, mesh: Any) -> Any:
     """The PPO critic (initialised from --critic.path or the policy) with its own optimizer and schedule."""
     from rlcore.critic import build_critic
-    from rlcore.trainer.algorithm import critic_optim, optimizer, scheduler, updates_per_run
-    from rlcore.update import ModelState
+    from rlcore.trainer.algorithm import critic_optim, model_state, updates_per_run
 
     try:
         critic = build_critic(
@@ -194,6 +194,4 @@ def build_critic_state(cfg: Config, dist: Any, mesh: Any) -> Any:
         from rlcore.dist.fsdp import apply_fsdp
 
         apply_fsdp(critic, mesh)  # each decoder layer, then the root (value head included)
-    optim = critic_optim(cfg)
-    opt = optimizer(critic, optim)
-    return ModelState(model=critic, optimizer=opt, scheduler=scheduler(opt, optim, updates_per_run(cfg)))
+    return model_state(critic, critic_optim(cfg), updates_per_run(cfg))
