@@ -244,6 +244,18 @@ class PipelineConfig:
     see --algo.rollout-is / --algo.rollout-rs for corrections)."""
     mode: Literal["lag"] = "lag"
     """lag: deterministic for a seed and resumed exactly (the batches generated ahead are checkpointed)."""
+    placement: Literal["colocate", "split"] = "colocate"
+    """colocate: every rank generates, then every rank trains. split (torchrun): ranks [0, N) generate
+    and score (--pipeline.rollout-ranks N), ranks [N, W) train (FSDP2 over them, reference and critic
+    with them); with --pipeline.max-staleness K >= 1 both run at once. Validation and checkpoints are
+    points where the roles wait for each other."""
+    rollout_ranks: int = 1
+    """N: how many ranks generate under split placement (the rest train)."""
+    rollout_threads: int = 0
+    """Split placement: torch CPU threads of each rollout rank (0: torch's default, OMP_NUM_THREADS).
+    On CPU, decoding is overhead-bound (one thread is about as fast as two) while the update scales."""
+    trainer_threads: int = 0
+    """Split placement: torch CPU threads of each trainer rank (0: torch's default, OMP_NUM_THREADS)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -336,6 +348,33 @@ def _need(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def roles(cfg: Config, world_size: int) -> dict[str, int]:
+    """How many ranks share each role's batch: {"world size": W} colocated, else the rollout and
+    trainer ranks of split placement."""
+    if cfg.pipeline.placement != "split":
+        return {"world size": world_size}
+    n = cfg.pipeline.rollout_ranks
+    return {"number of rollout ranks": n, "number of trainer ranks": world_size - n}
+
+
+def _check_split(cfg: Config, world_size: int) -> None:
+    n, p = cfg.pipeline.rollout_ranks, cfg.pipeline
+    _need(
+        world_size > 1,
+        "--pipeline.placement split needs at least 2 processes (torchrun --nproc_per_node 2 train.py ...: "
+        "rollout ranks + trainer ranks); in one process use colocate",
+    )
+    _need(
+        1 <= n < world_size,
+        f"--pipeline.rollout-ranks {n} with {world_size} processes: rollout ranks ({n}) + trainer ranks "
+        f"({world_size - n}) must be {world_size} with at least 1 of each; use 1 <= N <= {world_size - 1}",
+    )
+    _need(
+        cfg.algo.objective == "rl",
+        f"--pipeline.placement {p.placement}: --algo.objective sft has no rollouts; use colocate",
+    )
+
+
 def validate(cfg: Config, *, world_size: int = 1) -> None:
     """Check a config before anything expensive; raise ConfigError naming the flag, value and fix."""
     from rlcore.algorithm import estimator_inputs, missing_inputs, parameters
@@ -346,11 +385,26 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
 
     d, r, a, t = cfg.data, cfg.rollout, cfg.algo, cfg.trainer
     _need(d.batch_size >= 1, f"--data.batch-size {d.batch_size}: must be >= 1")
+    if cfg.pipeline.placement == "split":
+        _check_split(cfg, world_size)
+    for flag, threads in (
+        ("rollout-threads", cfg.pipeline.rollout_threads),
+        ("trainer-threads", cfg.pipeline.trainer_threads),
+    ):
+        _need(threads >= 0, f"--pipeline.{flag} {threads}: must be >= 0 (0: torch's default)")
+        _need(
+            threads == 0 or cfg.pipeline.placement == "split",
+            f"--pipeline.{flag} {threads}: only for --pipeline.placement split (else set OMP_NUM_THREADS)",
+        )
     _need(
-        d.batch_size % world_size == 0,
-        f"--data.batch-size {d.batch_size} is not divisible by the world size {world_size}: "
-        f"use a multiple of {world_size}",
+        cfg.pipeline.placement == "split" or cfg.pipeline.rollout_ranks == 1,
+        f"--pipeline.rollout-ranks {cfg.pipeline.rollout_ranks}: only --pipeline.placement split has rollout ranks",
     )
+    for role, size in roles(cfg, world_size).items():
+        _need(
+            d.batch_size % size == 0,
+            f"--data.batch-size {d.batch_size} is not divisible by the {role} {size}: use a multiple of {size}",
+        )
     _need(r.n >= 1, f"--rollout.n {r.n}: must be >= 1")
     _need(r.max_tokens >= 1, f"--rollout.max-tokens {r.max_tokens}: must be >= 1")
     _need(r.temperature >= 0, f"--rollout.temperature {r.temperature}: must be >= 0")
@@ -395,9 +449,10 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
             f"--algo.mini-batch-size {a.mini_batch_size} does not divide --data.batch-size {d.batch_size}: "
             f"use a divisor of {d.batch_size}",
         )
+        trainers = list(roles(cfg, world_size).values())[-1]  # the ranks that train
         _need(
-            a.mini_batch_size % world_size == 0,
-            f"--algo.mini-batch-size {a.mini_batch_size} is not divisible by the world size {world_size}",
+            a.mini_batch_size % trainers == 0,
+            f"--algo.mini-batch-size {a.mini_batch_size} is not divisible by the number of training ranks ({trainers})",
         )
     _need(a.ppo_epochs >= 1, f"--algo.ppo-epochs {a.ppo_epochs}: must be >= 1")
     k = cfg.pipeline.max_staleness

@@ -42,8 +42,10 @@ class Rollout:
 class TrainState:
     """The run's state between steps (see the module docstring)."""
 
-    actor: ModelState
-    """The policy with its optimizer and schedule; its `bad_updates` counts consecutive skipped updates."""
+    actor: ModelState | None
+    """The policy with its optimizer and schedule; its `bad_updates` counts consecutive skipped updates.
+    None on a rollout rank of split placement, whose state is the cursor, the batches it sent that are
+    not trained yet (`pending`), and the step and version of the weights it last received."""
     critic: ModelState | None = None
     """The PPO critic (None without one)."""
     kl_coef: float = 0.0
@@ -61,7 +63,7 @@ class TrainState:
     @property
     def bad_updates(self) -> int:
         """Consecutive actor updates skipped for a non-finite loss or gradient."""
-        return self.actor.bad_updates
+        return self.actor.bad_updates if self.actor is not None else 0
 
 
 def rollouts_to_tensors(pending: tuple[Rollout, ...]) -> dict[str, Tensor]:

@@ -13,7 +13,7 @@ world size, one process included), `extra.json` (the JSON-able extras, written b
 `torch.save`, loaded with `weights_only=True`: no pickled code), and `COMPLETE`. The DCP files are read
 through `rlcore.dist.safe_dcp` (an allow-list unpickler for DCP's index, `weights_only` for its values).
 Atomicity: everything is written into `step_<N>.tmp/`; after every rank is done, rank 0 writes
-`COMPLETE` and renames the directory to `step_<N>/`. A crash leaves at most a `.tmp` directory,
+`COMPLETE` and renames the directory to `step_<N>/` (the first rank of `group`, where one is given). A crash leaves at most a `.tmp` directory,
 which `latest_checkpoint` ignores and `prune` removes. The ranks agree after each phase (prepare,
 write, commit): an error on one rank raises on all of them, so none waits for a rank that gave up.
 """
@@ -66,24 +66,30 @@ def _quiet_single_process():
         yield
 
 
-def _together(phase: Callable[[], None]) -> None:
-    """Run `phase` on this rank, then wait for every rank and agree on failure (a barrier that carries
-    errors): if `phase` raised anywhere, every rank raises, the failing one its own error and the others
-    an OSError naming it. Without it, a rank that fails alone (its disk full) would leave the others
-    waiting at the next collective forever."""
+def _group_rank(group: Any) -> int:
+    """This rank's index in `group` (None: the default group); 0 without a process group."""
+    return dist.get_rank(group) if dist.is_available() and dist.is_initialized() else 0
+
+
+def _together(phase: Callable[[], None], group: Any = None) -> None:
+    """Run `phase` on this rank, then wait for every rank of `group` (default: all) and agree on failure
+    (a barrier that carries errors): if `phase` raised anywhere, every rank raises, the failing one its
+    own error and the others an OSError naming it. Without it, a rank that fails alone (its disk full)
+    would leave the others waiting at the next collective forever."""
     error: Exception | None = None
     try:
         phase()
     except Exception as e:  # re-raised below, after the ranks have agreed
         error = e
     if dist.is_available() and dist.is_initialized():
-        said: list[tuple[int | None, str] | None] = [None] * dist.get_world_size()
+        said: list[tuple[int | None, str] | None] = [None] * dist.get_world_size(group)
         mine = None
         if error is not None:
             code = getattr(error, "errno", None)
             mine = (code, error.strerror) if code else (None, f"{type(error).__name__}: {error}")
-        dist.all_gather_object(said, mine)
-        failed = [(r, m) for r, m in enumerate(said) if m is not None]
+        dist.all_gather_object(said, mine, group=group)
+        ranks = dist.get_process_group_ranks(group) if group is not None else range(len(said))
+        failed = [(r, m) for r, m in zip(ranks, said, strict=True) if m is not None]
         if error is None and failed:
             rank, (code, message) = failed[0]
             raise OSError(code, f"{message} (on rank {rank})") if code else OSError(f"rank {rank}: {message}")
@@ -102,45 +108,57 @@ def _fsync_dir(path: Path) -> None:
 def save_checkpoint(
     directory: str | os.PathLike,
     step: int,
-    model: nn.Module,
+    model: nn.Module | None,
     optimizer: Optimizer | None,
     *,
     extra: Mapping[str, Any] | None = None,
     tensors: Mapping[str, Tensor] | None = None,
     before_commit: Callable[[], None] | None = None,
+    group: Any = None,
+    dcp_group: Any = None,
 ) -> Path:
-    """Write `directory/step_<step>/` atomically (all ranks call this) and return its path.
+    """Write `directory/step_<step>/` atomically (every rank of `group` calls this) and return its path.
 
-    `extra` must be JSON-able (step, scheduler state, data cursor, ...); `tensors` is this rank's
-    flat dict of tensors (e.g. `rng_state()`). An existing `step_<step>/` is replaced.
-    `before_commit` runs on every rank with its files written to `step_<step>.tmp/`, before the ranks
-    agree to commit (fault-injection tests kill the process or fail the save there).
+    `extra` must be JSON-able (step, scheduler state, data cursor, ...); the first rank of `dcp_group`
+    writes it. `tensors` is this rank's flat dict of tensors (e.g. `rng_state()`). An existing
+    `step_<step>/` is replaced. `before_commit` runs on every rank with its files written to
+    `step_<step>.tmp/`, before the ranks agree to commit (fault-injection tests kill the process or fail
+    the save there).
+
+    `group` (default: every rank) takes part and agrees; its first rank creates and commits the
+    directory. `dcp_group` (default: `group`) holds `model` and `optimizer` (the ranks they are sharded
+    over); a rank outside it passes `model=None` and contributes only its `tensors` (split placement:
+    the rollout ranks' batches generated ahead, beside the trainer ranks' model).
     """
     root = Path(directory)
     final, tmp = root / f"step_{step}", root / f"step_{step}.tmp"
+    dcp_group = group if dcp_group is None else dcp_group
     text = json.dumps(dict(extra or {}), indent=1, sort_keys=True)  # fail early, on every rank
+    leads = _group_rank(group) == 0
 
     def prepare() -> None:
-        if _rank() == 0:
+        if leads:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
 
     def write() -> None:
-        with _quiet_single_process():
-            if optimizer is None:
-                state = {"model": get_model_state_dict(model)}
-            else:
-                model_sd, optim_sd = get_state_dict(model, optimizer)
-                state = {"model": model_sd, "optim": optim_sd}
-            dcp.save(state, checkpoint_id=tmp / "dcp", no_dist=_no_dist())
+        if model is not None:
+            with _quiet_single_process():
+                if optimizer is None:
+                    state = {"model": get_model_state_dict(model)}
+                else:
+                    model_sd, optim_sd = get_state_dict(model, optimizer)
+                    state = {"model": model_sd, "optim": optim_sd}
+                dcp.save(state, checkpoint_id=tmp / "dcp", process_group=dcp_group, no_dist=_no_dist())
+            if _group_rank(dcp_group) == 0:
+                (tmp / "extra.json").write_text(text)
         if tensors:
             torch.save({k: v.detach().cpu() for k, v in tensors.items()}, tmp / f"tensors_rank{_rank()}.pt")
         if before_commit is not None:
             before_commit()
 
     def commit() -> None:
-        if _rank() == 0:
-            (tmp / "extra.json").write_text(text)
+        if leads:
             with open(tmp / COMPLETE, "w") as f:
                 f.write(json.dumps({"step": step}))
                 f.flush()
@@ -152,35 +170,41 @@ def save_checkpoint(
             _fsync_dir(root)
 
     for phase in (prepare, write, commit):
-        _together(phase)
+        _together(phase, group)
     return final
 
 
 def load_checkpoint(
-    path: str | os.PathLike, model: nn.Module, optimizer: Optimizer | None
+    path: str | os.PathLike, model: nn.Module | None, optimizer: Optimizer | None, *, dcp_group: Any = None
 ) -> tuple[dict[str, Any], dict[str, Tensor]]:
     """Load a complete checkpoint into `model` (and `optimizer`) in place; (extra, this rank's tensors).
 
-    The model and optimizer may be sharded differently from when they were saved (any world size).
-    Tensors saved by a rank that no longer exists are not returned (empty dict).
+    The model and optimizer may be sharded differently from when they were saved (any world size);
+    every rank of `dcp_group` (default: all) loads them together, a rank with `model=None` only reads
+    the extras and its tensors. Tensors saved by a rank that no longer exists are not returned.
     """
     path = Path(path)
     if not (path / COMPLETE).is_file():
         raise ValueError(f"checkpoint {str(path)!r} is not a complete checkpoint (no {COMPLETE} file)")
-    with _quiet_single_process():
-        if optimizer is None:
-            state = {"model": get_model_state_dict(model)}
-            safe_dcp.load(state, path / "dcp", no_dist=_no_dist())
-            set_model_state_dict(model, state["model"])
-        else:
-            model_sd, optim_sd = get_state_dict(model, optimizer)
-            state = {"model": model_sd, "optim": optim_sd}
-            safe_dcp.load(state, path / "dcp", no_dist=_no_dist())
-            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    if model is not None:
+        _load_model(path, model, optimizer, dcp_group)
     extra = json.loads((path / "extra.json").read_text()) if (path / "extra.json").is_file() else {}
     rank_file = path / f"tensors_rank{_rank()}.pt"
     tensors = torch.load(rank_file, weights_only=True) if rank_file.is_file() else {}
     return extra, tensors
+
+
+def _load_model(path: Path, model: nn.Module, optimizer: Optimizer | None, group: Any) -> None:
+    with _quiet_single_process():
+        if optimizer is None:
+            state = {"model": get_model_state_dict(model)}
+            safe_dcp.load(state, path / "dcp", no_dist=_no_dist(), process_group=group)
+            set_model_state_dict(model, state["model"])
+        else:
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            state = {"model": model_sd, "optim": optim_sd}
+            safe_dcp.load(state, path / "dcp", no_dist=_no_dist(), process_group=group)
+            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
 def _steps(root: Path) -> list[tuple[int, Path]]:

@@ -81,8 +81,9 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = loaded
 
 
-def load(state: dict[str, Any], path: str | Path, *, no_dist: bool) -> None:
-    """`dcp.load(state, checkpoint_id=path)` through the safe reader and planner (in place)."""
+def load(state: dict[str, Any], path: str | Path, *, no_dist: bool, process_group: Any = None) -> None:
+    """`dcp.load(state, checkpoint_id=path)` through the safe reader and planner (in place), by the ranks
+    of `process_group` (default: all)."""
     reader = SafeFileSystemReader(path)
     reader.read_metadata()  # a refused index raises here, not inside DCP (which logs it and retries)
-    dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=no_dist)
+    dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=no_dist, process_group=process_group)

@@ -37,8 +37,9 @@ from torch.distributed.tensor import DTensor
 BUCKET_BYTES = 256 * 2**20
 
 
-def _rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+def _rank(group: Any = None) -> int:
+    """This rank's index in `group` (None: the default group); 0 without a process group."""
+    return dist.get_rank(group) if dist.is_available() and dist.is_initialized() else 0
 
 
 def _full_tensor(t: Tensor) -> Tensor:
@@ -65,15 +66,15 @@ def unique_state(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
 
 
 def iter_full_state(
-    model: nn.Module, *, bucket_bytes: int = BUCKET_BYTES, all_ranks: bool = False
+    model: nn.Module, *, bucket_bytes: int = BUCKET_BYTES, all_ranks: bool = False, group: Any = None
 ) -> Iterator[list[tuple[str, Tensor]]]:
-    """Buckets of (name, full tensor), about `bucket_bytes` each, on rank 0 (on every rank with
-    `all_ranks`, for engines that each rank runs); empty lists elsewhere.
+    """Buckets of (name, full tensor), about `bucket_bytes` each, on the first rank of `group` (default:
+    rank 0; on every rank with `all_ranks`, for engines that each rank runs); empty lists elsewhere.
 
     Every rank must consume the iterator to the end (it runs one gather per tensor); all ranks get
     the same number of buckets. Tensors keep their dtype and device (the parameters' device).
     """
-    is_main = all_ranks or _rank() == 0
+    is_main = all_ranks or _rank(group) == 0
     bucket: list[tuple[str, Tensor]] = []
     size = 0
     for name, value in unique_state(model):
@@ -135,9 +136,11 @@ def save_hf_pretrained(
     *,
     bucket_bytes: int = 2 * 2**30,
     every_rank: bool = False,
+    group: Any = None,
 ) -> Path | None:
-    """Write a `from_pretrained`-loadable directory from `model` (all ranks call; rank 0 writes, or
-    every rank to its own `out_dir` with `every_rank`, e.g. a node-local directory for an engine).
+    """Write a `from_pretrained`-loadable directory from `model` (every rank of `group` calls, default
+    all; its first rank writes, or every rank to its own `out_dir` with `every_rank`, e.g. a node-local
+    directory for an engine).
 
     One safetensors file per bucket (`model.safetensors` when there is one, else
     `model-0000k-of-0000n.safetensors` with `model.safetensors.index.json`), the config (with the
@@ -145,12 +148,12 @@ def save_hf_pretrained(
     Returns the directory where it was written, None elsewhere.
     """
     out = Path(out_dir)
-    is_main = every_rank or _rank() == 0
+    is_main = every_rank or _rank(group) == 0
     if is_main:
         out.mkdir(parents=True, exist_ok=True)
     files: list[tuple[Path, list[str]]] = []
     dtype = None
-    for k, bucket in enumerate(iter_full_state(model, bucket_bytes=bucket_bytes, all_ranks=every_rank)):
+    for k, bucket in enumerate(iter_full_state(model, bucket_bytes=bucket_bytes, all_ranks=every_rank, group=group)):
         if not is_main:
             continue
         path = out / f"part-{k:05d}.safetensors"
@@ -170,8 +173,8 @@ def save_hf_pretrained(
             generation.save_pretrained(out)
         if tokenizer is not None:
             tokenizer.save_pretrained(out)
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+    if not every_rank and dist.is_available() and dist.is_initialized():  # the others wait for the writer
+        dist.barrier(group=group)
     return out if is_main else None
 
 

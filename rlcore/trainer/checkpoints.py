@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from rlcore.dist.transfer import json_tensor, tensor_json
 from rlcore.state import TrainState, rollouts_from_tensors, rollouts_to_tensors
 from rlcore.trainer import faults
 from rlcore.trainer.errors import StopRun, reason
@@ -27,17 +28,40 @@ LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, pickle.UnpicklingErr
 
 
 def _extra(state: TrainState, h: Any) -> dict[str, Any]:
-    """The JSON part of a checkpoint: every TrainState field that is not a tensor."""
+    """The JSON part of a checkpoint: every TrainState field that is not a tensor (under split placement
+    the cursor and the batches generated ahead are the rollout ranks', in their tensor files)."""
     return {
         "step": state.step,
         "scheduler": state.actor.scheduler.state_dict(),
-        "data": h.train_ds.cursor_state(state.cursor),
         "kl_coef": state.kl_coef,
         "bad_updates": state.actor.bad_updates,  # a resumed run keeps counting towards --trainer.max-bad-updates
         "actor_updates": state.actor.step,
         "policy_version": state.policy_version,
-        "pending_steps": [r.step for r in state.pending],  # batches generated ahead (lag mode), per rank
+        "placement": _placement(h),
+        **({} if h.placement.split else _generator_extra(state, h)),
     }
+
+
+def _generator_extra(state: TrainState, h: Any) -> dict[str, Any]:
+    """What a rank that generates keeps: the data cursor and the steps of its batches generated ahead."""
+    return {"data": h.train_ds.cursor_state(state.cursor), "pending_steps": [r.step for r in state.pending]}
+
+
+def _placement(h: Any) -> dict[str, Any]:
+    """What a resume must match: colocated checkpoints load at any world size; split ones need the same
+    rollout ranks (each saved its own batches generated ahead; the trainer ranks may change)."""
+    p = h.placement
+    return (
+        {"placement": "split", "rollout_ranks": len(p.rollout_ranks)}
+        if p.split
+        else {"placement": "colocate"}
+    )
+
+
+def save_due(cfg: Any, step: int) -> bool:
+    """Whether the run saves after `step`: every --trainer.save-every steps and after the last."""
+    every = cfg.trainer.save_every
+    return every > 0 and (step % every == 0 or step == cfg.trainer.steps)
 
 
 def save(state: TrainState, h: Any) -> None:
@@ -60,7 +84,7 @@ def save(state: TrainState, h: Any) -> None:
             f"The previous checkpoint ({_newest(root)}) is intact: free disk space or make {root} writable "
             "(or use another --out-dir), then rerun with --resume auto"
         ) from None
-    if h.dist.rank == 0:
+    if h.placement.writes:
         prune(root, h.cfg.trainer.keep_last)
         if state.critic is not None:
             prune(root / "critic", h.cfg.trainer.keep_last)
@@ -69,9 +93,16 @@ def save(state: TrainState, h: Any) -> None:
 def _write(state: TrainState, h: Any, root: Path) -> None:
     from rlcore.dist.checkpoint import save_checkpoint
 
-    step, critic = state.step, state.critic
-    if critic is not None:  # saved first: an actor checkpoint at step N implies the critic's
-        save_checkpoint(root / "critic", step, critic.model, critic.optimizer,
+    step, critic, trainers = state.step, state.critic, h.placement.trainers
+    if not h.placement.trains:  # a rollout rank: its batches sent but not trained, and the cursor
+        tensors = rollouts_to_tensors(state.pending) | {
+            "rollout/json": json_tensor(_generator_extra(state, h))
+        }
+        save_checkpoint(root, step, None, None, tensors=tensors, dcp_group=trainers,
+                        before_commit=lambda: faults.before_commit(step))  # fmt: skip
+        return
+    if critic is not None:  # saved first, by the trainer ranks: an actor checkpoint at N implies the critic's
+        save_checkpoint(root / "critic", step, critic.model, critic.optimizer, group=trainers,
                         extra={"scheduler": critic.scheduler.state_dict(), "updates": critic.step})  # fmt: skip
     save_checkpoint(
         root,
@@ -81,6 +112,7 @@ def _write(state: TrainState, h: Any, root: Path) -> None:
         extra=_extra(state, h),
         tensors=rollouts_to_tensors(state.pending),
         before_commit=lambda: faults.before_commit(step),
+        dcp_group=trainers,
     )
 
 
@@ -94,7 +126,7 @@ def resume(state: TrainState, h: Any) -> TrainState:
     if spec != "none":
         path = latest_checkpoint(h.out_dir / "checkpoints") if spec == "auto" else Path(spec)
     if path is None:  # a fresh start: records of an earlier attempt in this directory are stale
-        if h.dist.rank == 0:
+        if h.placement.writes:
             _truncate_metrics(h.out_dir / "metrics.jsonl", -1)
         return state
     if not path.is_dir():
@@ -106,22 +138,41 @@ def resume(state: TrainState, h: Any) -> TrainState:
             f"--resume {spec}: {path} is not a complete checkpoint (no {COMPLETE} file); give a "
             "checkpoints/step_<N> directory written by a finished save, or auto, or none"
         )
+    _check_placement(path, h, spec)
     try:
-        state = _load(state, h, path)
+        state = _load(state, h, path) if h.placement.trains else _load_rollout(state, h, path)
     except (*LOAD_ERRORS, _checkpoint_exception()) as e:
         raise StopRun(
             f"--resume {spec}: checkpoint {path} cannot be loaded ({reason(e)}); it was written by another "
             "model/data setup or is damaged: delete it to resume from the one before, or use --resume none"
         ) from None
-    if h.dist.rank == 0:
+    if h.placement.writes:
         _truncate_metrics(h.out_dir / "metrics.jsonl", state.step)
     return state
+
+
+def _check_placement(path: Path, h: Any, spec: str) -> None:
+    """Refuse, on every rank alike (before any collective), a checkpoint of another placement."""
+    import json
+
+    saved = (
+        json.loads((path / "extra.json").read_text()).get("placement")
+        if (path / "extra.json").is_file()
+        else None
+    )
+    if saved is not None and saved != _placement(h):
+        said = ", ".join(f"{k} {v}" for k, v in saved.items())
+        raise StopRun(
+            f"--resume {spec}: {path} was saved with {said}; resume it with the same --pipeline.placement "
+            "and --pipeline.rollout-ranks (or use --resume none)"
+        )
 
 
 def _load(state: TrainState, h: Any, path: Path) -> TrainState:
     from rlcore.dist.checkpoint import load_checkpoint
 
-    extra, tensors = load_checkpoint(path, state.actor.model, state.actor.optimizer)
+    trainers = h.placement.trainers
+    extra, tensors = load_checkpoint(path, state.actor.model, state.actor.optimizer, dcp_group=trainers)
     pending = rollouts_from_tensors(tensors)
     if [r.step for r in pending] != extra.get("pending_steps", []):
         raise ValueError(
@@ -131,18 +182,35 @@ def _load(state: TrainState, h: Any, path: Path) -> TrainState:
     state.actor.scheduler.load_state_dict(extra["scheduler"])
     critic = state.critic
     if critic is not None:
-        critic_extra, _ = load_checkpoint(path.parent / "critic" / path.name, critic.model, critic.optimizer)
+        critic_extra, _ = load_checkpoint(path.parent / "critic" / path.name, critic.model, critic.optimizer,
+                                          dcp_group=trainers)  # fmt: skip
         critic.scheduler.load_state_dict(critic_extra["scheduler"])
         critic = dataclasses.replace(critic, step=critic_extra.get("updates", extra["step"]))
     step = int(extra["step"])
     actor = dataclasses.replace(
         state.actor, step=extra.get("actor_updates", step), bad_updates=extra.get("bad_updates", 0)
     )
+    cursor = h.train_ds.cursor_from_state(extra["data"]) if "data" in extra else state.cursor
     return dataclasses.replace(
-        state, actor=actor, critic=critic, step=step, kl_coef=float(extra["kl_coef"]),
-        cursor=h.train_ds.cursor_from_state(extra["data"]), policy_version=extra.get("policy_version", step),
-        pending=pending,
+        state, actor=actor, critic=critic, step=step, kl_coef=float(extra["kl_coef"]), cursor=cursor,
+        policy_version=extra.get("policy_version", step), pending=pending,
     )  # fmt: skip
+
+
+def _load_rollout(state: TrainState, h: Any, path: Path) -> TrainState:
+    """A rollout rank's part of a split checkpoint: the cursor and the batches it had sent untrained."""
+    from rlcore.dist.checkpoint import load_checkpoint
+
+    extra, tensors = load_checkpoint(path, None, None)
+    if "rollout/json" not in tensors:
+        raise ValueError(f"no rollout state for rank {h.placement.rollout_ranks[h.dist.rank]} in it")
+    own, pending = tensor_json(tensors["rollout/json"]), rollouts_from_tensors(tensors)
+    if [r.step for r in pending] != own["pending_steps"]:
+        raise ValueError(
+            f"its batches of steps {[r.step for r in pending]} do not match {own['pending_steps']}"
+        )
+    return dataclasses.replace(state, step=int(extra["step"]), policy_version=extra["policy_version"],
+                               cursor=h.train_ds.cursor_from_state(own["data"]), pending=pending)  # fmt: skip
 
 
 def _truncate_metrics(path: Path, step: int) -> None:

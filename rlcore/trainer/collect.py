@@ -64,16 +64,24 @@ def fill(state: TrainState, h: Any, algorithm: Algorithm) -> TrainState:
     (K = --pipeline.max-staleness, capped at the last step) that are not pending yet: each batch of
     step t is then generated with policy version max(0, t - 1 - K) (lag mode; K = 0: synchronous)."""
     last = min(state.step + 1 + h.cfg.pipeline.max_staleness, h.cfg.trainer.steps)
-    pending = list(state.pending)
-    next_step = pending[-1].step + 1 if pending else state.step + 1
+    next_step = state.pending[-1].step + 1 if state.pending else state.step + 1
     for step in range(next_step, last + 1):
-        batch, metrics, cursor = collect(state, h, algorithm, step)
-        versions = torch.full(batch["responses"].shape, state.policy_version, dtype=torch.long)  # (b, t)
-        batch = batch.with_(rollout_versions=versions)
-        floats = {k: float(v) for k, v in metrics.items()}
-        pending.append(Rollout(step=step, batch=batch, metrics=floats, version=state.policy_version))
-        state = dataclasses.replace(state, cursor=cursor)
-    return dataclasses.replace(state, pending=tuple(pending))
+        state = generate(state, h, algorithm, step)
+    return state
+
+
+def generate(
+    state: TrainState, h: Any, algorithm: Algorithm, step: int, extra: dict[str, float] | None = None
+) -> TrainState:
+    """The state with the batch of `step` appended to `pending` (generated with the engine's weights,
+    version state.policy_version, tagged per token in `rollout_versions`) and the cursor after its
+    prompts; `extra` metrics are logged with it."""
+    batch, metrics, cursor = collect(state, h, algorithm, step)
+    versions = torch.full(batch["responses"].shape, state.policy_version, dtype=torch.long)  # (b, t)
+    batch = batch.with_(rollout_versions=versions)
+    floats = {k: float(v) for k, v in metrics.items()} | dict(extra or {})
+    rollout = Rollout(step=step, batch=batch, metrics=floats, version=state.policy_version)
+    return dataclasses.replace(state, cursor=cursor, pending=(*state.pending, rollout))
 
 
 def collect(

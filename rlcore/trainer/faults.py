@@ -71,7 +71,7 @@ def dump_state(state: Any, h: Any) -> None:
     """RLCORE_TEST_DUMP_STATE=DIR: this rank writes DIR/rank<r>.json, the run state that must agree
     across ranks and whether its engine holds the trained weights (a collective: every rank calls it)."""
     directory = os.environ.get("RLCORE_TEST_DUMP_STATE")
-    if not directory:
+    if not directory or state.actor is None:  # a rollout rank of split placement holds no policy
         return
     from rlcore.trainer.models import engine_holds
 

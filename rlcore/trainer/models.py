@@ -36,6 +36,16 @@ def build_policy(cfg: Config, dist: Any, mesh: Any) -> tuple[Any, Any]:
     return model, tokenizer
 
 
+def build_engine_copy(cfg: Config, dist: Any) -> tuple[Any, Any]:
+    """The policy an engine samples from when it cannot share the trained module (a rollout rank of
+    split placement, or every rank under FSDP): in eval mode, refreshed by weight pushes, never trained.
+    Its parameters keep `requires_grad` (the engine runs under no_grad): on CPU a linear layer takes
+    another kernel for a weight without it, and sampling would then differ from the trained module's
+    forward by ~1e-6 in log-prob (measured), where it now matches it exactly."""
+    model, tokenizer = _load(cfg, dist)
+    return model.eval(), tokenizer
+
+
 def build_reference(cfg: Config, dist: Any, mesh: Any) -> Any:
     """A frozen copy of the starting policy, sharded like it, never updated."""
     model, _ = _load(cfg, dist)
@@ -69,8 +79,7 @@ def build_engine(cfg: Config, model: Any, tokenizer: Any, dist: Any, mesh: Any) 
         from rlcore.rollout.native import NativeEngine
 
         if mesh is not None:
-            model, _ = _load(cfg, dist)
-            model.eval().requires_grad_(False)
+            model, _ = build_engine_copy(cfg, dist)
         engine = NativeEngine(model, tokenizer, device=dist.device, generator_seed=cfg.trainer.seed)
     if cfg.rollout.max_turns > 1:  # multi-turn: the agent loop with the built-in tools over the engine
         from rlcore.rollout.agent import AgentEngine
@@ -171,11 +180,12 @@ def engine_holds(model: Any, engine: Any) -> bool | None:
     return same
 
 
-def save_final(model: Any, tokenizer: Any, out_dir: Any) -> None:
-    """out_dir/final: a Hugging Face directory that from_pretrained (and vLLM) loads."""
+def save_final(model: Any, tokenizer: Any, out_dir: Any, *, group: Any = None) -> None:
+    """out_dir/final: a Hugging Face directory that from_pretrained (and vLLM) loads (every rank of
+    `group` calls it, default all; the first writes)."""
     from rlcore.dist.stream import save_hf_pretrained
 
-    save_hf_pretrained(model, tokenizer, out_dir / "final")
+    save_hf_pretrained(model, tokenizer, out_dir / "final", group=group)
 
 
 def build_critic_state(cfg: Config, dist: Any, mesh: Any) -> Any:

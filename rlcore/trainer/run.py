@@ -26,12 +26,13 @@ from rlcore.algorithm import Algorithm
 from rlcore.data.dataset import Cursor, PromptDataset
 from rlcore.data.rows import DataError
 from rlcore.data.sources import read_sources
-from rlcore.dist.mesh import build_mesh, close_distributed, init_distributed
+from rlcore.dist.mesh import close_distributed, init_distributed
+from rlcore.dist.placement import Placement, as_world, place
 from rlcore.dist.reduce import all_reduce, all_reduce_int, reduce_metrics
 from rlcore.rewards.custom import RewardSpecError
 from rlcore.rewards.pool import RewardScorer
-from rlcore.state import TrainState
-from rlcore.trainer import checkpoints, faults, models
+from rlcore.state import Rollout, TrainState
+from rlcore.trainer import checkpoints, faults, models, split
 from rlcore.trainer.algorithm import actor_plan, build_algorithm
 from rlcore.trainer.collect import fill, staleness, step_seed, this_rank
 from rlcore.trainer.errors import StopRun, reason
@@ -40,7 +41,7 @@ from rlcore.trainer.learn import TrainingDiverged, check_bad_updates, learn
 from rlcore.trainer.logger import MetricsLogger, read_metrics
 from rlcore.trainer.plots import plot_curves
 from rlcore.trainer.sft import sft_batch
-from rlcore.trainer.validation import validate_policy
+from rlcore.trainer.validation import val_due, validate_policy
 from rlcore.update import update_step
 
 USER_ERRORS = (ConfigError, DataError, RewardSpecError)
@@ -53,17 +54,21 @@ class Handles:
 
     cfg: Config
     out_dir: Path
+    placement: Placement
+    """This rank's role (colocate: both) and the groups between the roles (rlcore.dist.placement)."""
     dist: Any
-    """rlcore.dist.mesh's process info: rank, world_size, device."""
+    """This rank within its role (rlcore.dist.mesh.DistInfo): rank and world size of the role, device."""
     mesh: Any
-    """The data-parallel DeviceMesh (None in one process)."""
+    """The role's data-parallel DeviceMesh (None for a role of one process)."""
     tokenizer: Any
     train_ds: PromptDataset
     val_ds: PromptDataset | None
-    scorer: RewardScorer
+    scorer: RewardScorer | None
+    """The reward scorer (None on a trainer rank of split placement)."""
     engine: Any
+    """The rollout engine (None on a trainer rank of split placement)."""
     ref_model: Any
-    """The frozen reference policy (None without KL)."""
+    """The frozen reference policy (None without KL, and on a rollout rank)."""
     logger: MetricsLogger
 
 
@@ -85,7 +90,8 @@ def run(cfg: Config) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 3
     finally:
-        h.scorer.close()
+        if h.scorer is not None:
+            h.scorer.close()
         h.logger.close()
         if hasattr(h.engine, "close"):  # vLLM: its engine and process groups (also under AgentEngine)
             h.engine.close()
@@ -98,35 +104,46 @@ def run(cfg: Config) -> int:
 
 def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm]:
     try:
-        dist = init_distributed(cfg.trainer.device)
+        info = init_distributed(cfg.trainer.device)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    validate(cfg, world_size=dist.world_size)
-    models.check_engine(cfg, dist)
-    mesh = build_mesh(dist)
+    validate(cfg, world_size=info.world_size)
+    models.check_engine(cfg, info)
+    p = cfg.pipeline
+    placement = place(info, split=p.placement == "split", rollout_ranks=p.rollout_ranks)
+    dist, mesh, trains, generates = placement.local, placement.mesh, placement.trains, placement.generates
+    threads = {"trainer": p.trainer_threads, "rollout": p.rollout_threads}.get(placement.role, 0)
+    if threads:
+        torch.set_num_threads(threads)
     torch.manual_seed(cfg.trainer.seed)
     algorithm = build_algorithm(cfg)
     out_dir = Path(cfg.out_dir or f"runs/{cfg.preset}-{datetime.now():%Y%m%d-%H%M%S}")
-    model, tokenizer = models.build_policy(cfg, dist, mesh)
+    # a rollout rank of split placement loads the engine's own copy of the policy instead
+    model, tokenizer = models.build_policy(cfg, dist, mesh) if trains else models.build_engine_copy(cfg, dist)
     train_ds, val_ds = _datasets(cfg, tokenizer)
     sources = sorted({row.data_source for ds in (train_ds, val_ds) if ds is not None for row in ds.rows})
     r = cfg.reward
     scorer = RewardScorer(r.custom, data_sources=sources, num_workers=r.num_workers, timeout_s=r.timeout_s,
-                          failure_score=r.failure_score, max_error_rate=r.max_error_rate)  # fmt: skip
-    needs_ref = cfg.algo.kl_coef > 0 or cfg.algo.use_kl_loss
+                          failure_score=r.failure_score, max_error_rate=r.max_error_rate) if generates else None  # fmt: skip
+    needs_ref = (cfg.algo.kl_coef > 0 or cfg.algo.use_kl_loss) and trains
     ref_model = models.build_reference(cfg, dist, mesh) if needs_ref else None
-    actor = models.build_state(cfg, model, dist)
-    engine = models.build_engine(cfg, model, tokenizer, dist, mesh)
-    critic = models.build_critic_state(cfg, dist, mesh) if algorithm.needs_critic else None
-    if dist.rank == 0:
+    actor = models.build_state(cfg, model, dist) if trains else None
+    engine = None
+    if generates:
+        with as_world(
+            placement.rollouts if cfg.rollout.engine == "vllm" else None
+        ):  # vLLM's world: the rollout ranks
+            engine = models.build_engine(cfg, model, tokenizer, dist, mesh if trains else None)
+    critic = models.build_critic_state(cfg, dist, mesh) if algorithm.needs_critic and trains else None
+    if placement.writes:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
-    logger = MetricsLogger(out_dir, total_steps=cfg.trainer.steps, enabled=dist.rank == 0, wandb_mode=cfg.log.wandb,
+    logger = MetricsLogger(out_dir, total_steps=cfg.trainer.steps, enabled=placement.writes, wandb_mode=cfg.log.wandb,
                            wandb_project=cfg.log.project, run_name=out_dir.name, config=dataclasses.asdict(cfg),
                            progress=cfg.log.progress)  # fmt: skip
     state = TrainState(actor=actor, critic=critic, kl_coef=cfg.algo.kl_coef, cursor=Cursor())
-    h = Handles(cfg=cfg, out_dir=out_dir, dist=dist, mesh=mesh, tokenizer=tokenizer, train_ds=train_ds, val_ds=val_ds,
-                scorer=scorer, engine=engine, ref_model=ref_model, logger=logger)  # fmt: skip
+    h = Handles(cfg=cfg, out_dir=out_dir, placement=placement, dist=dist, mesh=mesh, tokenizer=tokenizer,
+                train_ds=train_ds, val_ds=val_ds, scorer=scorer, engine=engine, ref_model=ref_model, logger=logger)  # fmt: skip
     return state, h, algorithm
 
 
@@ -146,11 +163,13 @@ def _datasets(cfg: Config, tokenizer: Any) -> tuple[PromptDataset, PromptDataset
 
 
 def loop(state: TrainState, h: Handles, algorithm: Algorithm) -> TrainState:
+    """The training loop; on a rollout rank of split placement, the rollout loop that feeds it."""
     cfg = h.cfg
+    if not h.placement.trains:
+        return split.rollout_loop(state, h, algorithm, validate=_validation)
     state = checkpoints.resume(state, h)
-    # the engine starts from the policy's weights (restored ones after a resume): not a new version
-    push(state, h)
-    if state.step == 0 and h.val_ds is not None and cfg.trainer.val_every > 0:
+    start_engine(state, h)
+    if state.step == 0 and val_due(h, 0):
         h.logger.log(0, _validation(h, 0))
     first, last_finite = state.step + 1, {}
     while state.step < cfg.trainer.steps:
@@ -162,11 +181,10 @@ def loop(state: TrainState, h: Handles, algorithm: Algorithm) -> TrainState:
         )
         if step == first:  # the first step this process trains: is the engine's policy the trainer's?
             _check_gap(h, step, metrics)
-        every = cfg.trainer.val_every
-        if h.val_ds is not None and every > 0 and (step % every == 0 or step == cfg.trainer.steps):
+        if val_due(h, step):
             metrics |= _validation(h, step)
         h.logger.log(step, metrics)
-        if cfg.trainer.save_every > 0 and (step % cfg.trainer.save_every == 0 or step == cfg.trainer.steps):
+        if checkpoints.save_due(cfg, step):
             checkpoints.save(state, h)
     _finish(state, h)
     return state
@@ -177,23 +195,27 @@ def train_step(state: TrainState, h: Handles, algorithm: Algorithm) -> tuple[Tra
     if h.cfg.algo.objective == "sft":
         return sft_step(state, h, algorithm)
     started, step = time.perf_counter(), state.step + 1
-    state = fill(state, h, algorithm)  # this step's batch, and up to K more ahead (lag mode)
-    rollout, state = state.pending[0], dataclasses.replace(state, pending=state.pending[1:])
-    batch, metrics = rollout.batch, dict(rollout.metrics) | staleness(rollout.batch, state.policy_version)
+    rollout, state, metrics = next_rollout(state, h, algorithm)
+    batch = rollout.batch
+    metrics |= dict(rollout.metrics) | staleness(rollout.batch, state.policy_version)
     faults.kill_point(step, "rollout")  # test-only fault injection (RLCORE_TEST_KILL_AT)
     batch = batch[: all_reduce_int(len(batch), h.mesh, op="min")]  # dynamic sampling: equal groups per rank
     if len(batch) == 0:  # no group with a signal on some rank: every rank skips the step together
+        if h.placement.split:  # the rollout ranks move on to the next step (the weights did not change)
+            split.push_weights(None, h, step=step, version=state.policy_version, bucket_bytes=1)
         return dataclasses.replace(state, step=step), {
             "train/empty_step": 1.0,
             "timing/step_s": time.perf_counter() - started,
         }
-    h.engine.sleep()
+    if h.engine is not None:
+        h.engine.sleep()
     try:
         state, learned = learn(state, h, algorithm, batch)
         faults.kill_point(step, "update")
     finally:
-        h.engine.wake()
-    state, synced = push(state, h)
+        if h.engine is not None:
+            h.engine.wake()
+    state, synced = push(state, h, step=step)
     seconds = time.perf_counter() - started
     tokens = batch["attention_mask"].sum() + batch["response_attention"].sum()
     metrics |= learned | synced | {"timing/step_s": seconds, "throughput/tokens_per_s": tokens / seconds}
@@ -212,18 +234,45 @@ def sft_step(state: TrainState, h: Handles, algorithm: Algorithm) -> tuple[Train
     metrics["sft/nll"] = metrics["actor/pg_loss"]
     metrics["response/length_mean"] = float(batch["response_mask"].sum(-1).float().mean())
     state, synced = push(
-        dataclasses.replace(state, actor=actor, cursor=cursor), h
+        dataclasses.replace(state, actor=actor, cursor=cursor), h, step=step
     )  # validation samples the engine
     metrics |= synced | {"timing/step_s": time.perf_counter() - started}
     return dataclasses.replace(state, step=step), reduce_metrics(metrics, h.mesh)
 
 
-def push(state: TrainState, h: Handles) -> tuple[TrainState, dict[str, float]]:
-    """The actor's weights into the engine (one update of it); the state with the next policy version."""
-    started = time.perf_counter()
-    metrics = models.push_weights(state.actor.model, h.engine, bucket_bytes=models.sync_bucket_bytes(h.cfg))
+def next_rollout(
+    state: TrainState, h: Handles, algorithm: Algorithm
+) -> tuple[Rollout, TrainState, dict[str, float]]:
+    """The batch of the next step: generated here (with up to K more ahead, lag mode), or, on a trainer
+    rank of split placement, received from the rollout ranks (`pipeline/trainer_idle_s`: the wait)."""
+    if h.placement.split:
+        rollout, waited = split.receive_rollout(state, h)
+        return rollout, state, {"pipeline/trainer_idle_s": waited}
+    state = fill(state, h, algorithm)
+    return state.pending[0], dataclasses.replace(state, pending=state.pending[1:]), {}
+
+
+def push(state: TrainState, h: Handles, *, step: int) -> tuple[TrainState, dict[str, float]]:
+    """The actor's weights after `step` steps into the engine (one update of it; under split placement
+    to the rollout ranks' engines); the state with the next policy version."""
+    started, version, bucket = time.perf_counter(), state.policy_version + 1, models.sync_bucket_bytes(h.cfg)
+    if h.placement.split:
+        metrics = split.push_weights(state.actor.model, h, step=step, version=version, bucket_bytes=bucket)
+    else:
+        metrics = models.push_weights(state.actor.model, h.engine, bucket_bytes=bucket)
     metrics["timing/sync_s"] = time.perf_counter() - started
-    return dataclasses.replace(state, policy_version=state.policy_version + 1), metrics
+    return dataclasses.replace(state, policy_version=version), metrics
+
+
+def start_engine(state: TrainState, h: Handles) -> None:
+    """The engine starts from the policy's weights (restored ones after a resume): not a new version."""
+    bucket = models.sync_bucket_bytes(h.cfg)
+    if h.placement.split:
+        split.push_weights(
+            state.actor.model, h, step=state.step, version=state.policy_version, bucket_bytes=bucket
+        )
+    else:
+        models.push_weights(state.actor.model, h.engine, bucket_bytes=bucket)
 
 
 def _check_gap(h: Handles, step: int, metrics: dict[str, float]) -> None:
@@ -239,6 +288,10 @@ def _check_gap(h: Handles, step: int, metrics: dict[str, float]) -> None:
 
 
 def _validation(h: Handles, step: int) -> dict[str, float]:
+    """The engine's policy on the validation set (on a trainer rank of split placement: what rollout
+    rank 0 measured, received by the leader)."""
+    if h.engine is None:
+        return split.receive_validation(h)
     assert h.val_ds is not None
     return validate_policy(h.engine, h.val_ds, h.scorer, h.tokenizer, max_tokens=h.cfg.rollout.max_tokens,
                            k=h.cfg.rollout.val_n, seed=step_seed(h.cfg.trainer.seed, step, "val"))  # fmt: skip
@@ -249,8 +302,8 @@ def _finish(state: TrainState, h: Handles) -> None:
     from safetensors import SafetensorError
 
     try:
-        models.save_final(state.actor.model, h.tokenizer, h.out_dir)
-        if h.dist.rank == 0:
+        models.save_final(state.actor.model, h.tokenizer, h.out_dir, group=h.placement.trainers)
+        if h.placement.writes:
             records = read_metrics(h.out_dir / "metrics.jsonl")
             plot_curves(records, h.out_dir / "curves.png", title=f"{h.cfg.preset}: {h.cfg.model.path}")
     except (OSError, SafetensorError) as e:

@@ -52,3 +52,10 @@ def validate_policy(
             best[uid] = max(best.get(uid, -torch.inf), score)
         metrics["val/pass@k"] = sum(best.values()) / len(best)
     return metrics
+
+
+def val_due(h: Any, step: int) -> bool:
+    """Whether the run validates after `step` (0: before the first step): every --trainer.val-every
+    steps and after the last, when there is a validation set."""
+    every, last = h.cfg.trainer.val_every, h.cfg.trainer.steps
+    return h.val_ds is not None and every > 0 and (step % every == 0 or step == last)

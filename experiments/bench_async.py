@@ -1,0 +1,138 @@
+"""Long-tailed GRPO: synchronous colocated training vs split placement (1 rollout + 1 trainer rank) at K = 1.
+
+    .venv/bin/python experiments/bench_async.py                 # 12 steps x 2 rounds of each, ~6 min
+    .venv/bin/python experiments/bench_async.py --steps 4 --rounds 1       # a smoke run
+
+The workload (issue 16's): 16 prompts x 8 samples of `builtin:reverse`, up to 128 new tokens, on a
+4-layer, 256-wide Llama (4.0M parameters, untied head) whose response lengths are long-tailed by
+construction: one residual channel carries a constant (its embedding column is constant and no layer
+writes to it) and the head reads EOS from it, so every token ends the response with probability
+about 1/17 at the start — lengths are geometric: mean ~17, median ~12, the longest of the 128 ~100.
+Training then moves the policy (and its lengths) the same way in both runs.
+
+Runs, one at a time and interleaved (sync, split, sync, split, ...; this machine is shared and noisy):
+- sync:  `python train.py`, one process, 2 threads (the colocated default on these 2 cores);
+- split: `torchrun --nproc_per_node 2 train.py --pipeline.placement split --pipeline.max-staleness 1`,
+         rollout rank 1 thread (decoding is overhead-bound), trainer rank --trainer-threads (2).
+Measured: the steady step period (the median `timing/step_s` after the first 2 steps; under split it
+is the trainer's step, waiting for its batch included), steps/s, reward per step (mean of
+`train/reward_mean`), the response lengths, the rollout and trainer idle seconds per step, and the
+FLOP floor of a step (2 x params x tokens generated + 6 x params x tokens trained, over the measured
+fp32 matmul peak of these 2 cores, 200 GFLOP/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rlcore.models.policy import load_policy  # noqa: E402
+
+PEAK_FP32 = 200e9
+SETTINGS = ["grpo", "--data.batch-size", "16", "--rollout.n", "8", "--rollout.max-tokens", "128",
+            "--data.builtin-train-size", "512", "--trainer.val-every", "0", "--trainer.save-every", "0",
+            "--log.no-progress", "--optim.lr", "3e-4"]  # fmt: skip
+
+
+def long_tailed_model(out: Path, *, eos_logit: float = 6.5, seed: int = 0) -> Path:
+    """A 4-layer, 256-wide Llama with the built-in tokenizer whose EOS probability per token is about
+    constant (see the module docstring), saved as a Hugging Face directory."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    _, tokenizer = load_policy("builtin:tiny", dtype=torch.float32, seed=seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512,
+                         tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    channel, eos = 0, tokenizer.eos_token_id
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, channel] = 1.0  # the constant channel ...
+        for layer in model.model.layers:  # ... that no layer writes to
+            layer.self_attn.o_proj.weight[channel] = 0.0
+            layer.mlp.down_proj.weight[channel] = 0.0
+        model.lm_head.weight[:, channel] = 0.0
+        model.lm_head.weight[eos, channel] = eos_logit / 16.0  # RMSNorm turns the 1.0 into ~16
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def train(kind: str, model: Path, out: Path, steps: int, seed: int, trainer_threads: int) -> list[dict]:
+    args = [*SETTINGS, "--model.path", str(model), "--trainer.steps", str(steps), "--trainer.seed", str(seed),
+            "--out-dir", str(out)]  # fmt: skip
+    env = os.environ | {"TRANSFORMERS_VERBOSITY": "error", "OMP_NUM_THREADS": "2"}
+    if kind == "sync":
+        cmd = [sys.executable, str(ROOT / "train.py"), *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               str(ROOT / "train.py"), *args, "--pipeline.placement", "split", "--pipeline.max-staleness", "1",
+               "--pipeline.rollout-threads", "1", "--pipeline.trainer-threads", str(trainer_threads)]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=3600)
+    if proc.returncode != 0:
+        raise SystemExit(f"{kind} failed:\n{proc.stderr[-3000:]}")
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def summary(records: list[dict], params: int) -> dict[str, float]:
+    steady = [r for r in records if r["step"] > 2]
+    period = statistics.median(r["timing/step_s"] for r in steady)
+    generated = statistics.mean(r["response/length_mean"] * 128 for r in steady)  # tokens per step
+    trained = statistics.mean(r["throughput/tokens_per_s"] * r["timing/step_s"] for r in steady)  # + prompts
+    flops = 2 * params * generated + 6 * params * trained
+    return {
+        "period_s": period,
+        "steps_per_s": 1 / period,
+        "reward": statistics.mean(r["train/reward_mean"] for r in records),
+        "length_mean": statistics.mean(r["response/length_mean"] for r in steady),
+        "length_max": max(r.get("response/length_max", 0.0) for r in steady),
+        "rollout_idle_s": statistics.mean(r.get("pipeline/rollout_idle_s", 0.0) for r in steady),
+        "trainer_idle_s": statistics.mean(r.get("pipeline/trainer_idle_s", 0.0) for r in steady),
+        "floor_s": flops / PEAK_FP32,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trainer-threads", type=int, default=2)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="rlcore-bench-async-"))
+    model = long_tailed_model(work / "model")
+    params = sum(t.numel() for t in load_policy(str(model), dtype=torch.float32)[0].parameters())
+    results: dict[str, list[dict]] = {"sync": [], "split": []}
+    for round_ in range(args.rounds):
+        for kind in ("sync", "split"):
+            out = work / f"{kind}{round_}"
+            records = train(kind, model, out, args.steps, args.seed, args.trainer_threads)
+            results[kind].append(summary(records, params))
+            s = results[kind][-1]
+            print(f"round {round_} {kind:5s}: {s['period_s']:.3f} s/step, reward/step {s['reward']:.4f}, "
+                  f"length mean {s['length_mean']:.1f} max {s['length_max']:.0f}, idle rollout "
+                  f"{s['rollout_idle_s']:.3f} s trainer {s['trainer_idle_s']:.3f} s", flush=True)  # fmt: skip
+    sync, split = (statistics.median(s["period_s"] for s in results[k]) for k in ("sync", "split"))
+    floor = statistics.mean(s["floor_s"] for s in results["sync"])
+    print(f"\nparams {params / 1e6:.2f}M; FLOP floor of a step {floor * 1e3:.0f} ms at 200 GFLOP/s")
+    print(f"sync : {1 / sync:.3f} steps/s ({sync:.3f} s/step, {100 * floor / sync:.1f}% of the floor)")
+    print(f"split: {1 / split:.3f} steps/s ({split:.3f} s/step, {100 * floor / split:.1f}% of the floor)")
+    print(f"split / sync steps/s: {sync / split:.2f}x (target >= 1.5x)")
+    for kind in ("sync", "split"):
+        print(f"reward per step {kind}: {statistics.mean(s['reward'] for s in results[kind]):.4f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Roles and resource pools: which ranks generate and which train, with the groups between them.
+
+    place(info)                               # colocate: every rank does both (the default)
+    place(info, split=True, rollout_ranks=1)  # torchrun, W ranks: rank 0 rolls out, ranks 1..W-1 train
+
+Under split placement ranks [0, N) hold the rollout role (engine, rewards, prompts) and ranks [N, W)
+the trainer role (the policy sharded with FSDP2 over a mesh of the trainer ranks, reference and critic
+with it). Each role sees itself as a world of its own (`local`: rank and size within the role, `mesh`:
+the role's data-parallel mesh, None for a role of one rank), so the code of a colocated run runs on it
+unchanged; what crosses roles goes over three process groups made here:
+
+    data:   every rank; finished rollouts, point to point, rollout rank -> trainer rank
+    push:   the rollout ranks and the trainer leader (rank N); weight pushes, broadcast from the leader
+    val:    rollout rank 0 and the trainer leader; validation results
+
+Every rank calls `place` (creating groups is collective), with the same arguments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any, Literal
+
+import torch.distributed as dist
+from torch import arange
+from torch.distributed.device_mesh import DeviceMesh
+
+from rlcore.dist.mesh import DistInfo, MeshAxis, build_mesh
+
+WAIT = timedelta(hours=2)
+"""How long a rank of split placement may wait for the other role (a rollout rank for the next weights
+while the trainer updates, a trainer rank for its batch) before the group's operation times out."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Placement:
+    """This rank's role and the groups of the run (see the module docstring)."""
+
+    role: Literal["both", "rollout", "trainer"]
+    """both (colocate), or this rank's role under split placement."""
+    rollout_ranks: tuple[int, ...]
+    """Global ranks that generate (every rank when colocated)."""
+    trainer_ranks: tuple[int, ...]
+    """Global ranks that train (every rank when colocated)."""
+    local: DistInfo
+    """This rank within its role: rank and world size of the role, the global rank's device."""
+    mesh: DeviceMesh | None
+    """The role's data-parallel mesh (FSDP2 for the trainer, reductions for the rollout); None for one rank."""
+    trainers: Any = None
+    """split: the trainer ranks' process group (checkpoints of the sharded model)."""
+    data: Any = None
+    """split: the group rollouts travel in (every rank)."""
+    push: Any = None
+    """split: the rollout ranks and the trainer leader (weight pushes)."""
+    val: Any = None
+    """split: rollout rank 0 and the trainer leader (validation results)."""
+    rollouts: Any = None
+    """split: the rollout ranks' process group (the world an in-process vLLM engine sees)."""
+
+    @property
+    def split(self) -> bool:
+        return self.role != "both"
+
+    @property
+    def leader(self) -> int:
+        """The global rank that writes the run's files and logs: the first trainer rank."""
+        return self.trainer_ranks[0]
+
+    @property
+    def writes(self) -> bool:
+        """Whether this rank writes the run's logs, config and final model."""
+        return dist.get_rank() == self.leader if self.split else self.local.rank == 0
+
+    @property
+    def trains(self) -> bool:
+        return self.role != "rollout"
+
+    @property
+    def generates(self) -> bool:
+        return self.role != "trainer"
+
+
+def place(info: DistInfo, *, split: bool = False, rollout_ranks: int = 1) -> Placement:
+    """The placement of this rank (a collective under torchrun: every rank calls it alike)."""
+    everyone = tuple(range(info.world_size))
+    if not split:
+        return Placement(role="both", rollout_ranks=everyone, trainer_ranks=everyone, local=info,
+                         mesh=build_mesh(info))  # fmt: skip
+    n, w = rollout_ranks, info.world_size
+    if not 1 <= n < w:
+        raise ValueError(f"split placement needs 1 <= rollout ranks ({n}) < world size ({w})")
+    rollout, trainer = everyone[:n], everyone[n:]
+    meshes = {
+        role: _mesh(info.device.type, ranks) for role, ranks in (("rollout", rollout), ("trainer", trainer))
+    }
+    groups = {
+        "trainers": dist.new_group(list(trainer), timeout=WAIT),
+        "data": dist.new_group(list(everyone), timeout=WAIT),
+        "push": dist.new_group([*rollout, trainer[0]], timeout=WAIT),
+        "val": dist.new_group([rollout[0], trainer[0]], timeout=WAIT),
+        "rollouts": dist.new_group(list(rollout), timeout=WAIT),
+    }
+    role = "rollout" if info.rank < n else "trainer"
+    ranks = rollout if role == "rollout" else trainer
+    local = dataclasses.replace(info, rank=ranks.index(info.rank), world_size=len(ranks))
+    return Placement(role=role, rollout_ranks=rollout, trainer_ranks=trainer, local=local, mesh=meshes[role],
+                     **groups)  # fmt: skip
+
+
+@contextlib.contextmanager
+def as_world(group: Any) -> Iterator[None]:
+    """Within the block, `group` (of global ranks 0..n-1) is torch.distributed's default group: for
+    libraries that take the whole default world as theirs. vLLM in this process builds its groups over
+    `range(get_world_size())` and runs collectives on them, which under split placement only the
+    rollout ranks would enter; inside this block its world is the rollout ranks. None: no change.
+    Groups it creates stay its own; rlcore creates none after it (their names count per process)."""
+    if group is None:
+        yield
+        return
+    from torch.distributed import distributed_c10d as c10d
+
+    if dist.get_process_group_ranks(group) != list(range(dist.get_world_size(group))):
+        raise ValueError("as_world: the group must hold global ranks 0..n-1")
+    world = c10d._world.default_pg  # torch keeps no public setter for the default group
+    c10d._world.default_pg = group
+    try:
+        yield
+    finally:
+        if c10d._world.default_pg is group:  # a library that destroyed its world leaves None
+            c10d._world.default_pg = world
+
+
+def _mesh(device_type: str, ranks: tuple[int, ...]) -> DeviceMesh | None:
+    """A 1-D data-parallel mesh over `ranks` (built on every rank, members or not); None for one rank."""
+    if len(ranks) == 1:
+        return None
+    return DeviceMesh(device_type, arange(ranks[0], ranks[-1] + 1), mesh_dim_names=(MeshAxis.DP_SHARD.value,))
+
+
+__all__ = ["WAIT", "Placement", "as_world", "place"]

@@ -1,0 +1,201 @@
+"""Split placement (--pipeline.placement split): the rollout ranks' loop, and what crosses the roles.
+
+    rollout rank (of N)                               trainer rank (of M; the leader is the first)
+    receive the starting weights  <---------------    push the weights (the engine's start)
+    for each step t with t <= s + 1 + K:              for each step t = s + 1, ...:
+        generate and score with version s,
+        send whole prompt groups  ---------------->       receive the batch of step t (waits: trainer idle)
+    receive the weights of step s + 1  <----------        learn, push the new weights (after every step)
+    (waits: rollout idle) [validate -> leader]            [leader: the validation result], log
+    [save the batches sent but not trained]               [save the model and optimizer], same checkpoint
+
+Sends of rollouts are asynchronous (the rollout ranks run ahead, up to K batches, while the trainer
+works); everything else is blocking and happens in the same order on both sides, so lag mode is
+exactly the algorithm of the colocated run: the batch of step t is generated with version
+max(0, t - 1 - K), from the same cursor and seeds (rollout rank r samples as rank r of N colocated
+ranks would). Each rollout rank's batch is cut in whole prompt groups, in rank order, into M equal
+parts, one per trainer rank (with dynamic sampling every rollout rank first keeps as many groups as
+the fewest of them has, as colocated ranks do).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rlcore.algorithm import Algorithm
+from rlcore.data.prompts import pad_token_id
+from rlcore.dist.reduce import all_reduce_int, reduce_metrics
+from rlcore.dist.stream import WeightPush
+from rlcore.dist.transfer import (
+    broadcast_weights,
+    json_tensor,
+    receive_weights,
+    recv_batch,
+    send_batch,
+    tensor_json,
+)
+from rlcore.state import Rollout, TrainState
+from rlcore.steps import concat_rollouts
+from rlcore.trainer import checkpoints
+from rlcore.trainer.collect import generate
+from rlcore.trainer.validation import val_due
+
+
+def routes(groups: int, rank: int, rollout_ranks: int, trainer_ranks: int) -> list[tuple[int, int]]:
+    """For each trainer rank, the range [a, b) of this rollout rank's `groups` prompt groups it gets:
+    the rollout ranks' groups in rank order, cut into `trainer_ranks` equal parts (a remainder that does
+    not divide is dropped; empty ranges where a part lies elsewhere)."""
+    part = rollout_ranks * groups // trainer_ranks
+    mine = rank * groups
+    out = []
+    for j in range(trainer_ranks):
+        a, b = max(j * part, mine), min((j + 1) * part, mine + groups)
+        out.append((a - mine, b - mine) if a < b else (0, 0))
+    return out
+
+
+# ---------------------------------------------------------------- rollouts: rollout ranks -> trainer ranks
+
+
+def send_rollout(rollout: Rollout, h: Any) -> list[Any]:
+    """Send this rollout rank's share of `rollout` to every trainer rank (a collective of the rollout
+    ranks: they agree on the groups kept and on the step's metrics); returns the pending sends."""
+    n, p = h.cfg.rollout.n, h.placement
+    groups = all_reduce_int(len(rollout.batch) // n, h.mesh, op="min")
+    info = {
+        "step": rollout.step,
+        "version": rollout.version,
+        "metrics": reduce_metrics(dict(rollout.metrics), h.mesh),
+    }
+    works = []
+    for dst, (a, b) in zip(p.trainer_ranks, routes(groups, h.dist.rank, h.dist.world_size, len(p.trainer_ranks)),
+                           strict=True):  # fmt: skip
+        piece = rollout.batch[a * n : b * n].with_meta(rollout=info)
+        works += send_batch(piece, dst, group=p.data, async_op=True)
+    return works
+
+
+def receive_rollout(state: TrainState, h: Any) -> tuple[Rollout, float]:
+    """The batch of step state.step + 1 for this trainer rank (its part from every rollout rank), and the
+    seconds spent waiting for it."""
+    started = time.perf_counter()
+    pieces = [recv_batch(src, group=h.placement.data) for src in h.placement.rollout_ranks]
+    waited = time.perf_counter() - started
+    info = pieces[0].meta["rollout"]
+    if info["step"] != state.step + 1:
+        raise RuntimeError(
+            f"split placement: trainer at step {state.step + 1} received the batch of step {info['step']}"
+        )
+    kept = [piece for piece in pieces if len(piece)] or pieces[:1]
+    batch = concat_rollouts(kept, pad_token_id(h.tokenizer)) if len(kept) > 1 else kept[0]
+    batch = dataclasses.replace(batch, meta={k: v for k, v in batch.meta.items() if k != "rollout"})
+    rollout = Rollout(step=info["step"], batch=batch.to(h.dist.device), metrics=info["metrics"],
+                      version=info["version"])  # fmt: skip
+    return rollout, waited
+
+
+# ---------------------------------------------------------------- weights: trainer ranks -> rollout ranks
+
+
+def push_weights(model: Any, h: Any, *, step: int, version: int, bucket_bytes: int) -> dict[str, float]:
+    """Tell the rollout ranks that `step` steps are trained and the policy is `version`, with the weights
+    of `model` (gathered over the trainer ranks, broadcast by the leader), or without (`model` None: the
+    weights did not change, e.g. an empty step). Every trainer rank calls it."""
+    p = h.placement
+    leads = dist.get_rank() == p.leader
+    if leads:
+        dist.broadcast(torch.tensor([step, version, int(model is not None)]), p.leader, group=p.push)
+    if model is None:
+        return {"sync/bytes": 0.0, "sync/tensors": 0.0}
+    with WeightPush(model, bucket_bytes=bucket_bytes, all_ranks=True) as push:
+        if leads:
+            broadcast_weights(model, push, src=p.leader, group=p.push)
+        else:
+            for _ in push:  # the gathers are collectives of the trainer ranks; only the leader sends
+                pass
+    return {"sync/bytes": float(push.bytes), "sync/tensors": float(push.tensors)}
+
+
+def receive_push(state: TrainState, h: Any) -> tuple[TrainState, float]:
+    """Wait for the trainer's next push (into the engine, as one update); the state at its step and
+    version, without the batches trained by then; and the seconds waited."""
+    p, started = h.placement, time.perf_counter()
+    announce = torch.zeros(3, dtype=torch.int64)
+    dist.broadcast(announce, p.leader, group=p.push)
+    waited = time.perf_counter() - started
+    step, version, has_weights = announce.tolist()
+    if has_weights:
+        stream = receive_weights(src=p.leader, group=p.push)
+        h.engine.load_weights(stream)
+        if sum(1 for _ in stream):  # read the rest, so the broadcasts stay matched; then refuse
+            raise RuntimeError("the engine's load_weights left tensors of the push unread")
+    pending = tuple(r for r in state.pending if r.step > step)
+    return dataclasses.replace(state, step=step, policy_version=version, pending=pending), waited
+
+
+# ---------------------------------------------------------------- validation: rollout rank 0 -> leader
+
+
+def send_validation(metrics: dict[str, float], h: Any) -> None:
+    text = json_tensor(metrics)
+    dist.send(torch.tensor([text.numel()]), h.placement.leader, group=h.placement.val)
+    dist.send(text, h.placement.leader, group=h.placement.val)
+
+
+def receive_validation(h: Any) -> dict[str, float]:
+    """The validation metrics rollout rank 0 measured (on the leader; {} on the other trainer ranks)."""
+    if dist.get_rank() != h.placement.leader:
+        return {}
+    size = torch.zeros(1, dtype=torch.int64)
+    dist.recv(size, 0, group=h.placement.val)
+    text = torch.zeros(int(size.item()), dtype=torch.uint8)
+    dist.recv(text, 0, group=h.placement.val)
+    return tensor_json(text)
+
+
+# ---------------------------------------------------------------- the rollout ranks' loop
+
+
+def rollout_loop(state: TrainState, h: Any, algorithm: Algorithm, validate: Any) -> TrainState:
+    """Generate every batch the lag schedule allows, send it, wait for the next weights; validate and
+    save where the trainer does. `validate(h, step)` measures the engine's policy."""
+    cfg, last, k = h.cfg, h.cfg.trainer.steps, h.cfg.pipeline.max_staleness
+    state = checkpoints.resume(state, h)
+    state, _ = receive_push(state, h)  # the starting (or restored) weights
+    works = [w for r in state.pending for w in send_rollout(r, h)]  # restored: sent before, not trained
+    if state.step == 0:
+        _validate(h, 0, validate)
+    idle = 0.0
+    while True:
+        first = state.pending[-1].step + 1 if state.pending else state.step + 1
+        for step in range(first, min(state.step + 1 + k, last) + 1):
+            state = generate(state, h, algorithm, step, {"pipeline/rollout_idle_s": idle})
+            works += send_rollout(state.pending[-1], h)
+            idle = 0.0
+        if state.step >= last:
+            break
+        state, waited = receive_push(state, h)
+        idle += waited
+        works = [w for w in works if not w.is_completed()]
+        _validate(h, state.step, validate)
+        if checkpoints.save_due(cfg, state.step):
+            checkpoints.save(state, h)
+    for w in works:
+        w.wait()
+    return state
+
+
+def _validate(h: Any, step: int, validate: Any) -> None:
+    if h.dist.rank == 0 and val_due(h, step):
+        send_validation(validate(h, step), h)
+
+
+__all__ = [
+    "push_weights", "receive_push", "receive_rollout", "receive_validation", "rollout_loop", "routes",
+    "send_rollout", "send_validation",
+]  # fmt: skip

