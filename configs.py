@@ -242,8 +242,13 @@ class PipelineConfig:
     so rollouts run up to K updates ahead of training; 0 is the synchronous algorithm. Each token
     carries its version (rollout_versions); the old log-probs are recomputed (K > 0 is off-policy:
     see --algo.rollout-is / --algo.rollout-rs for corrections)."""
-    mode: Literal["lag"] = "lag"
-    """lag: deterministic for a seed and resumed exactly (the batches generated ahead are checkpointed)."""
+    mode: Literal["lag", "stream"] = "lag"
+    """lag: the batch of step t is generated with version max(0, t - 1 - K) exactly: deterministic for a
+    seed and resumed exactly (the batches generated ahead are checkpointed). stream (split placement):
+    each batch is generated with the newest weights that have reached the rollout rank (never more
+    than K versions behind; rollout ranks wait only when K binds): fresher samples, but which version
+    a batch gets depends on timing, so runs are not reproducible and a resumed run is not the
+    uninterrupted one."""
     placement: Literal["colocate", "split"] = "colocate"
     """colocate: every rank generates, then every rank trains. split (torchrun): ranks [0, N) generate
     and score (--pipeline.rollout-ranks N), ranks [N, W) train (FSDP2 over them, reference and critic
@@ -396,6 +401,11 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
             threads == 0 or cfg.pipeline.placement == "split",
             f"--pipeline.{flag} {threads}: only for --pipeline.placement split (else set OMP_NUM_THREADS)",
         )
+    _need(
+        cfg.pipeline.mode == "lag" or cfg.pipeline.placement == "split",
+        f"--pipeline.mode {cfg.pipeline.mode}: needs --pipeline.placement split (colocated ranks generate "
+        "and train in turn, so there is nothing to stream)",
+    )
     _need(
         cfg.pipeline.placement == "split" or cfg.pipeline.rollout_ranks == 1,
         f"--pipeline.rollout-ranks {cfg.pipeline.rollout_ranks}: only --pipeline.placement split has rollout ranks",

@@ -42,7 +42,7 @@ from rlcore.models.policy import load_policy  # noqa: E402
 PEAK_FP32 = 200e9
 SETTINGS = ["grpo", "--data.batch-size", "16", "--rollout.n", "8", "--rollout.max-tokens", "128",
             "--data.builtin-train-size", "512", "--trainer.val-every", "0", "--trainer.save-every", "0",
-            "--log.no-progress", "--optim.lr", "3e-4"]  # fmt: skip
+            "--log.no-progress", "--optim.lr", "1e-5"]  # fmt: skip
 
 
 def long_tailed_model(out: Path, *, eos_logit: float = 6.5, seed: int = 0) -> Path:
@@ -74,7 +74,7 @@ def train(kind: str, model: Path, out: Path, steps: int, seed: int, trainer_thre
     args = [*SETTINGS, "--model.path", str(model), "--trainer.steps", str(steps), "--trainer.seed", str(seed),
             "--out-dir", str(out)]  # fmt: skip
     env = os.environ | {"TRANSFORMERS_VERBOSITY": "error", "OMP_NUM_THREADS": "2"}
-    if kind == "sync":
+    if not trainer_threads:  # sync
         cmd = [sys.executable, str(ROOT / "train.py"), *args]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
@@ -109,29 +109,36 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--trainer-threads", type=int, default=2)
+    parser.add_argument(
+        "--trainer-threads",
+        type=int,
+        nargs="+",
+        default=[1, 2],
+        help="one split run per value (the rollout rank has 1 thread)",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="rlcore-bench-async-"))
     model = long_tailed_model(work / "model")
     params = sum(t.numel() for t in load_policy(str(model), dtype=torch.float32)[0].parameters())
-    results: dict[str, list[dict]] = {"sync": [], "split": []}
+    kinds = ["sync", *(f"split{t}" for t in args.trainer_threads)]
+    results: dict[str, list[dict]] = {kind: [] for kind in kinds}
     for round_ in range(args.rounds):
-        for kind in ("sync", "split"):
-            out = work / f"{kind}{round_}"
-            records = train(kind, model, out, args.steps, args.seed, args.trainer_threads)
+        for kind in kinds:
+            threads = int(kind.removeprefix("split")) if kind != "sync" else 0
+            records = train(kind, model, work / f"{kind}-{round_}", args.steps, args.seed, threads)
             results[kind].append(summary(records, params))
             s = results[kind][-1]
-            print(f"round {round_} {kind:5s}: {s['period_s']:.3f} s/step, reward/step {s['reward']:.4f}, "
+            print(f"round {round_} {kind:6s}: {s['period_s']:.3f} s/step, reward/step {s['reward']:.4f}, "
                   f"length mean {s['length_mean']:.1f} max {s['length_max']:.0f}, idle rollout "
                   f"{s['rollout_idle_s']:.3f} s trainer {s['trainer_idle_s']:.3f} s", flush=True)  # fmt: skip
-    sync, split = (statistics.median(s["period_s"] for s in results[k]) for k in ("sync", "split"))
+    period = {kind: statistics.median(s["period_s"] for s in results[kind]) for kind in kinds}
     floor = statistics.mean(s["floor_s"] for s in results["sync"])
     print(f"\nparams {params / 1e6:.2f}M; FLOP floor of a step {floor * 1e3:.0f} ms at 200 GFLOP/s")
-    print(f"sync : {1 / sync:.3f} steps/s ({sync:.3f} s/step, {100 * floor / sync:.1f}% of the floor)")
-    print(f"split: {1 / split:.3f} steps/s ({split:.3f} s/step, {100 * floor / split:.1f}% of the floor)")
-    print(f"split / sync steps/s: {sync / split:.2f}x (target >= 1.5x)")
-    for kind in ("sync", "split"):
-        print(f"reward per step {kind}: {statistics.mean(s['reward'] for s in results[kind]):.4f}")
+    for kind in kinds:
+        reward = statistics.mean(s["reward"] for s in results[kind])
+        print(f"{kind:6s}: {1 / period[kind]:.3f} steps/s ({period[kind]:.3f} s/step, {100 * floor / period[kind]:.1f}% "
+              f"of the floor), {period['sync'] / period[kind]:.2f}x sync, reward per step {reward:.4f}")  # fmt: skip
+    print("target: split >= 1.5x sync at equal reward per step")
 
 
 if __name__ == "__main__":

@@ -93,15 +93,21 @@ def weight_manifest(model: torch.nn.Module) -> list[list[Any]]:
     return [[name, str(t.dtype).removeprefix("torch."), list(t.shape)] for name, t in unique_state(model)]
 
 
-def broadcast_weights(model: torch.nn.Module, weights: Any, *, src: int, group: Any = None) -> None:
+def broadcast_weights(
+    model: torch.nn.Module, weights: Any, *, src: int, group: Any = None, async_op: bool = False
+) -> list[Any]:
     """Send a push of `model` (`weights`: its `WeightPush`, iterated here) from `src` to every other rank
-    of `group`, whose `receive_weights` feeds its engine; one broadcast per tensor after a manifest."""
+    of `group`, whose `receive_weights` feeds its engine; one broadcast per tensor after a manifest.
+    With `async_op` nothing waits for the receivers: the works are returned (each holds a copy of its
+    tensor, so the model may change meanwhile)."""
     device = _device(group)
     text = json_tensor(weight_manifest(model))
-    dist.broadcast(torch.tensor([text.numel()], dtype=torch.int64, device=device), src, group=group)
-    dist.broadcast(text.to(device), src, group=group)
+    pieces = [torch.tensor([text.numel()], dtype=torch.int64, device=device), text.to(device)]
+    works = [dist.broadcast(piece, src, group=group, async_op=async_op) for piece in pieces]
     for _, tensor in weights:
-        dist.broadcast(tensor.detach().contiguous().to(device), src, group=group)
+        tensor = tensor.detach().to(device).contiguous()
+        works.append(dist.broadcast(tensor.clone() if async_op else tensor, src, group=group, async_op=async_op))
+    return [w for w in works if w is not None]
 
 
 def receive_weights(*, src: int, group: Any = None) -> Iterator[tuple[str, Tensor]]:

@@ -35,12 +35,13 @@ def bind_flags(fn: Any, algo: AlgoConfig, **extra: Any) -> Any:
 def on_policy(cfg: Config) -> bool:
     """One optimizer update per step (one epoch, one mini-batch) and no KL in the reward: the old policy
     is the policy being updated, so its log-probs come from the update's forward (ratio 1, exactly as
-    with a separate pass) and the extra no-grad pass over the batch is skipped."""
+    with a separate pass) and the extra no-grad pass over the batch is skipped. So also for a batch
+    generated K versions ago (lag mode): its old (proximal) policy is still the one being updated; the
+    gap to the policy that sampled it is what the corrections weigh, and they need the separate pass."""
     a = cfg.algo
     corrected = corrects(a) or a.bypass  # the old log-probs come before the update
     one_update = a.ppo_epochs == 1 and a.mini_batch_size in (None, cfg.data.batch_size)
-    fresh = cfg.pipeline.max_staleness == 0  # a lagged batch was sampled by an older policy
-    return one_update and a.kl_coef == 0 and not corrected and fresh
+    return one_update and a.kl_coef == 0 and not corrected
 
 
 def build_algorithm(cfg: Config) -> Algorithm:

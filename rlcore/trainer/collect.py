@@ -22,6 +22,7 @@ from rlcore.rewards.step import OverlongPenalty
 from rlcore.rollout.base import SamplingParams
 from rlcore.state import Rollout, TrainState
 from rlcore.steps import concat_rollouts, filter_groups, rollout_step, score_step
+from rlcore.trainer import faults
 
 
 def step_seed(seed: int, step: int, what: str) -> int:
@@ -77,6 +78,7 @@ def generate(
     version state.policy_version, tagged per token in `rollout_versions`) and the cursor after its
     prompts; `extra` metrics are logged with it."""
     batch, metrics, cursor = collect(state, h, algorithm, step)
+    faults.slow_rollout()  # test-only (RLCORE_TEST_SLOW_ROLLOUT_S)
     versions = torch.full(batch["responses"].shape, state.policy_version, dtype=torch.long)  # (b, t)
     batch = batch.with_(rollout_versions=versions)
     floats = {k: float(v) for k, v in metrics.items()} | dict(extra or {})

@@ -11,9 +11,12 @@
                                        engine holds the trained weights (what must agree across ranks)
     RLCORE_TEST_SYNC_PER_BUCKET=1      push weights with one load_weights call per bucket (the issue-24 bug:
                                        vLLM then runs a half-loaded policy; the step-1 gap check must say so)
+    RLCORE_TEST_SLOW_ROLLOUT_S=1.5     every batch takes 1.5 s longer to generate (a slow rollout role, for
+                                       stream mode's timing)
 
 The run loop calls `kill_point` at its phase boundaries, `checkpoints.save` calls `before_commit`,
-`learn` passes the advantages through `poison`, and the weight push asks `push_per_bucket`. tests/reliability drives them.
+`learn` passes the advantages through `poison`, the weight push asks `push_per_bucket`, and
+`collect.generate` calls `slow_rollout`. tests/reliability drives them.
 """
 
 from __future__ import annotations
@@ -47,6 +50,13 @@ def before_commit(step: int) -> None:
     kill_point(step, "save")
     if os.environ.get("RLCORE_TEST_SAVE_ERROR") == f"{step}:{os.environ.get('RANK', '0')}":
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def slow_rollout() -> None:
+    """Sleep RLCORE_TEST_SLOW_ROLLOUT_S seconds, if set."""
+    delay = os.environ.get("RLCORE_TEST_SLOW_ROLLOUT_S")
+    if delay:
+        time.sleep(float(delay))
 
 
 def poison(batch: Batch, step: int) -> Batch:

@@ -70,6 +70,8 @@ class Handles:
     ref_model: Any
     """The frozen reference policy (None without KL, and on a rollout rank)."""
     logger: MetricsLogger
+    outbox: split.Outbox | None = None
+    """The trainer leader's weight pushes in flight (split placement; stream mode does not wait for them)."""
 
 
 def run(cfg: Config) -> int:
@@ -143,7 +145,8 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm]:
                            progress=cfg.log.progress)  # fmt: skip
     state = TrainState(actor=actor, critic=critic, kl_coef=cfg.algo.kl_coef, cursor=Cursor())
     h = Handles(cfg=cfg, out_dir=out_dir, placement=placement, dist=dist, mesh=mesh, tokenizer=tokenizer,
-                train_ds=train_ds, val_ds=val_ds, scorer=scorer, engine=engine, ref_model=ref_model, logger=logger)  # fmt: skip
+                train_ds=train_ds, val_ds=val_ds, scorer=scorer, engine=engine, ref_model=ref_model, logger=logger,
+                outbox=split.Outbox() if placement.split else None)  # fmt: skip
     return state, h, algorithm
 
 
@@ -186,6 +189,8 @@ def loop(state: TrainState, h: Handles, algorithm: Algorithm) -> TrainState:
         h.logger.log(step, metrics)
         if checkpoints.save_due(cfg, step):
             checkpoints.save(state, h)
+    if h.outbox is not None:  # stream mode: the rollout ranks take the last pushes
+        h.outbox.flush()
     _finish(state, h)
     return state
 

@@ -102,31 +102,76 @@ def receive_rollout(state: TrainState, h: Any) -> tuple[Rollout, float]:
 # ---------------------------------------------------------------- weights: trainer ranks -> rollout ranks
 
 
+class Outbox:
+    """The trainer leader's weight pushes still in flight: in stream mode a push is sent without waiting
+    for the rollout ranks to take it (they do between batches); each work holds its tensor's copy."""
+
+    def __init__(self) -> None:
+        self._works: list[Any] = []
+
+    def add(self, works: list[Any]) -> None:
+        self._works = [w for w in self._works + works if not w.is_completed()]
+
+    def flush(self) -> None:
+        for w in self._works:
+            w.wait()
+        self._works = []
+
+
 def push_weights(model: Any, h: Any, *, step: int, version: int, bucket_bytes: int) -> dict[str, float]:
     """Tell the rollout ranks that `step` steps are trained and the policy is `version`, with the weights
     of `model` (gathered over the trainer ranks, broadcast by the leader), or without (`model` None: the
-    weights did not change, e.g. an empty step). Every trainer rank calls it."""
+    weights did not change, e.g. an empty step). Every trainer rank calls it. In stream mode the leader
+    does not wait for the rollout ranks to receive it (`h.outbox` keeps it until they have)."""
     p = h.placement
-    leads = dist.get_rank() == p.leader
-    if leads:
-        dist.broadcast(torch.tensor([step, version, int(model is not None)]), p.leader, group=p.push)
+    leads, stream = dist.get_rank() == p.leader, h.cfg.pipeline.mode == "stream"
+    announce, started = torch.tensor([step, version, int(model is not None)]), time.perf_counter()
+    if leads:  # lag mode: blocks until the rollout ranks take it, which they do when their schedule needs it
+        h.outbox.add([w for w in [dist.broadcast(announce, p.leader, group=p.push, async_op=stream)] if w])
+    waited = {"pipeline/push_wait_s": time.perf_counter() - started}
     if model is None:
-        return {"sync/bytes": 0.0, "sync/tensors": 0.0}
+        return {"sync/bytes": 0.0, "sync/tensors": 0.0} | waited
     with WeightPush(model, bucket_bytes=bucket_bytes, all_ranks=True) as push:
         if leads:
-            broadcast_weights(model, push, src=p.leader, group=p.push)
+            h.outbox.add(broadcast_weights(model, push, src=p.leader, group=p.push, async_op=stream))
         else:
             for _ in push:  # the gathers are collectives of the trainer ranks; only the leader sends
                 pass
-    return {"sync/bytes": float(push.bytes), "sync/tensors": float(push.tensors)}
+    return {"sync/bytes": float(push.bytes), "sync/tensors": float(push.tensors)} | waited
 
 
-def receive_push(state: TrainState, h: Any) -> tuple[TrainState, float]:
-    """Wait for the trainer's next push (into the engine, as one update); the state at its step and
-    version, without the batches trained by then; and the seconds waited."""
+class Inbox:
+    """A rollout rank's next push announcement, received in the background (stream mode): `arrived`
+    says whether the trainer has sent one; `take` waits for it. Post the next only after the push's
+    weights are in (the group's operations must run in the trainer's order)."""
+
+    def __init__(self, h: Any) -> None:
+        self._h, self._work, self._buffer = h, None, torch.zeros(3, dtype=torch.int64)
+
+    def post(self) -> None:
+        self._buffer = torch.zeros(3, dtype=torch.int64)
+        self._work = dist.broadcast(
+            self._buffer, self._h.placement.leader, group=self._h.placement.push, async_op=True
+        )
+
+    def arrived(self) -> bool:
+        return self._work is not None and self._work.is_completed()
+
+    def take(self) -> torch.Tensor:
+        assert self._work is not None
+        self._work.wait()
+        self._work = None
+        return self._buffer
+
+
+def receive_push(state: TrainState, h: Any, announce: torch.Tensor | None = None) -> tuple[TrainState, float]:
+    """Wait for the trainer's next push (its announcement, unless already received: `announce`) and load
+    its weights into the engine, as one update; the state at its step and version, without the batches
+    trained by then; and the seconds waited."""
     p, started = h.placement, time.perf_counter()
-    announce = torch.zeros(3, dtype=torch.int64)
-    dist.broadcast(announce, p.leader, group=p.push)
+    if announce is None:
+        announce = torch.zeros(3, dtype=torch.int64)
+        dist.broadcast(announce, p.leader, group=p.push)
     waited = time.perf_counter() - started
     step, version, has_weights = announce.tolist()
     if has_weights:
@@ -162,31 +207,53 @@ def receive_validation(h: Any) -> dict[str, float]:
 
 
 def rollout_loop(state: TrainState, h: Any, algorithm: Algorithm, validate: Any) -> TrainState:
-    """Generate every batch the lag schedule allows, send it, wait for the next weights; validate and
-    save where the trainer does. `validate(h, step)` measures the engine's policy."""
+    """Generate the batches the schedule allows, send them, take the trainer's pushes; validate and save
+    where the trainer does. Lag mode: every allowed batch, then wait for the next push (each batch
+    is generated with version max(0, t - 1 - K) exactly). Stream mode: one batch at a time, each with the
+    newest weights that have arrived (still at most K versions behind), waiting only when K binds.
+    `validate(h, step)` measures the engine's policy."""
     cfg, last, k = h.cfg, h.cfg.trainer.steps, h.cfg.pipeline.max_staleness
+    inbox = Inbox(h) if cfg.pipeline.mode == "stream" else None
     state = checkpoints.resume(state, h)
     state, _ = receive_push(state, h)  # the starting (or restored) weights
+    if inbox is not None and state.step < last:
+        inbox.post()
     works = [w for r in state.pending for w in send_rollout(r, h)]  # restored: sent before, not trained
     if state.step == 0:
         _validate(h, 0, validate)
     idle = 0.0
     while True:
+        if inbox is not None:
+            while state.step < last and inbox.arrived():  # pushes that came while this rank generated
+                state = _took(receive_push(state, h, inbox.take())[0], h, validate, inbox)
         first = state.pending[-1].step + 1 if state.pending else state.step + 1
-        for step in range(first, min(state.step + 1 + k, last) + 1):
-            state = generate(state, h, algorithm, step, {"pipeline/rollout_idle_s": idle})
-            works += send_rollout(state.pending[-1], h)
-            idle = 0.0
+        ahead = min(state.step + 1 + k, last)
+        if first <= ahead:
+            for step in range(first, (first if inbox is not None else ahead) + 1):
+                state = generate(state, h, algorithm, step, {"pipeline/rollout_idle_s": idle})
+                works += send_rollout(state.pending[-1], h)
+                idle = 0.0
+            continue
         if state.step >= last:
             break
-        state, waited = receive_push(state, h)
-        idle += waited
+        started = time.perf_counter()
+        announce = inbox.take() if inbox is not None else None  # stream: the wait is here
+        state, waited = receive_push(state, h, announce)
+        idle += waited + (time.perf_counter() - started if inbox is not None else 0.0)
         works = [w for w in works if not w.is_completed()]
-        _validate(h, state.step, validate)
-        if checkpoints.save_due(cfg, state.step):
-            checkpoints.save(state, h)
+        state = _took(state, h, validate, inbox)
     for w in works:
         w.wait()
+    return state
+
+
+def _took(state: TrainState, h: Any, validate: Any, inbox: Inbox | None) -> TrainState:
+    """After a push: validate and save where the trainer does, then listen for the next push."""
+    _validate(h, state.step, validate)
+    if checkpoints.save_due(h.cfg, state.step):
+        checkpoints.save(state, h)
+    if inbox is not None and state.step < h.cfg.trainer.steps:
+        inbox.post()
     return state
 
 
@@ -196,6 +263,6 @@ def _validate(h: Any, step: int, validate: Any) -> None:
 
 
 __all__ = [
-    "push_weights", "receive_push", "receive_rollout", "receive_validation", "rollout_loop", "routes",
+    "Inbox", "Outbox", "push_weights", "receive_push", "receive_rollout", "receive_validation", "rollout_loop", "routes",
     "send_rollout", "send_validation",
 ]  # fmt: skip

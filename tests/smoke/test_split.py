@@ -1,4 +1,5 @@
-"""Split placement (issue 16, items 1-3, 6, 7): rollout ranks and trainer ranks of one torchrun world.
+"""Split placement (issue 16, items 1-3, 6, 7): rollout ranks and trainer ranks of one torchrun world
+(bad placement flags: tests/reliability/test_bad_input.py and tests/test_configs.py).
 
 The oracle is the colocated run: lag mode is the same algorithm wherever the roles run, so split
 placement with one rollout rank must give the metrics of one colocated process at the same K (with
@@ -20,7 +21,15 @@ from rlcore.trainer.split import routes
 from tests.smoke.test_train import ROOT, SMALL
 
 ARGS = [*SMALL, "--trainer.steps", "4", "--trainer.val-every", "2", "--optim.lr", "1e-2"]
-VARIES = ("timing/", "throughput/", "perf/", "sync/", "pipeline/rollout_idle_s", "pipeline/trainer_idle_s")
+VARIES = (
+    "timing/",
+    "throughput/",
+    "perf/",
+    "sync/",
+    "pipeline/rollout_idle_s",
+    "pipeline/trainer_idle_s",
+    "pipeline/push_wait_s",
+)
 """What differs by design between placements (wall time, memory, bytes pushed, waits)."""
 
 
@@ -149,10 +158,46 @@ def test_split_with_vllm_on_the_rollout_rank(tmp_path) -> None:
     assert all(gap < 1e-3 for gap in gaps), gaps
 
 
-def test_split_in_one_process_is_one_line(tmp_path) -> None:
-    proc = run("grpo", *SMALL, "--pipeline.placement", "split", "--out-dir", str(tmp_path))
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [
-        "error: --pipeline.placement split needs at least 2 processes (torchrun --nproc_per_node 2 train.py ...: "
-        "rollout ranks + trainer ranks); in one process use colocate"
+def test_stream_mode_takes_the_newest_weights_within_k(tmp_path) -> None:
+    """Stream mode with a slow rollout rank (1.5 s more per batch, the trainer's step ~0.2 s): each
+    batch is generated with the newest weights that have arrived, so it is at most one version behind,
+    where lag mode at the same K = 3 trains on batches 3 versions old. Staleness never exceeds K, and
+    a stream run killed and resumed finishes (not reproducibly: which version a batch gets is timing)."""
+    args = (
+        "--pipeline.max-staleness",
+        "3",
+        "--trainer.steps",
+        "6",
+        "--trainer.val-every",
+        "0",
+        "--trainer.save-every",
+        "0",
+    )  # fmt: skip (a checkpoint is a point where the roles wait)
+    slow = {"RLCORE_TEST_SLOW_ROLLOUT_S": "1.5"}
+    ok(split(*args, out=tmp_path / "lag", env=slow))
+    ok(split(*args, "--pipeline.mode", "stream", out=tmp_path / "stream", env=slow))
+    lag, stream = (read_metrics(tmp_path / run / "metrics.jsonl") for run in ("lag", "stream"))
+    assert [r["pipeline/staleness_max"] for r in lag] == [0.0, 1.0, 2.0, 3.0, 3.0, 3.0]
+    assert [r["step"] for r in stream] == [1, 2, 3, 4, 5, 6]
+    assert all(r["pipeline/staleness_max"] <= 1.0 for r in stream), [
+        r["pipeline/staleness_max"] for r in stream
     ]
+    assert all(r["pipeline/trainer_idle_s"] > 0.5 for r in stream[1:])  # the rollout is the slow role
+    args = (*args[:-1], "1")  # --trainer.save-every 1
+    killed = split(
+        *args, "--pipeline.mode", "stream", out=tmp_path / "killed", env={"RLCORE_TEST_KILL_AT": "3:update"}
+    )
+    assert killed.returncode != 0
+    ok(split(*args, "--pipeline.mode", "stream", "--resume", "auto", out=tmp_path / "killed"))
+    resumed = read_metrics(tmp_path / "killed" / "metrics.jsonl")
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]
+    assert all(r["pipeline/staleness_max"] <= 3.0 for r in resumed)
+
+
+def test_split_k1_learns_the_default_task(tmp_path) -> None:
+    """The embedded default run (30 steps) on 1 rollout + 1 trainer rank, one step behind."""
+    proc = run("--pipeline.placement", "split", "--pipeline.max-staleness", "1", "--log.no-progress",
+               "--out-dir", str(tmp_path), ranks=2, timeout=600)  # fmt: skip
+    ok(proc)
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert records[0]["val/reward_mean"] < 0.3 and records[-1]["val/reward_mean"] >= 0.9
