@@ -249,6 +249,11 @@ class PipelineConfig:
     than K versions behind; rollout ranks wait only when K binds): fresher samples, but which version
     a batch gets depends on timing, so runs are not reproducible and a resumed run is not the
     uninterrupted one."""
+    partial_rollout: bool = False
+    """Stream mode: a push that arrives while a batch is being generated goes into the engine at once, and
+    the samples in flight continue with the new weights (their earlier tokens' KV cache kept); each
+    token's `rollout_versions` names the weights that sampled it, and the staleness metrics count the
+    oldest. Native engine, single-turn."""
     placement: Literal["colocate", "split"] = "colocate"
     """colocate: every rank generates, then every rank trains. split (torchrun): ranks [0, N) generate
     and score (--pipeline.rollout-ranks N), ranks [N, W) train (FSDP2 over them, reference and critic
@@ -405,6 +410,20 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
         cfg.pipeline.mode == "lag" or cfg.pipeline.placement == "split",
         f"--pipeline.mode {cfg.pipeline.mode}: needs --pipeline.placement split (colocated ranks generate "
         "and train in turn, so there is nothing to stream)",
+    )
+    _need(
+        not cfg.pipeline.partial_rollout or cfg.pipeline.mode == "stream",
+        "--pipeline.partial-rollout: needs --pipeline.mode stream (lag mode samples each batch with one version)",
+    )
+    _need(
+        not cfg.pipeline.partial_rollout or (r.engine == "native" and r.max_turns == 1),
+        f"--pipeline.partial-rollout: needs --rollout.engine native and --rollout.max-turns 1 (got {r.engine}, "
+        f"{r.max_turns}): weights change between the native engine's decode steps",
+    )
+    _need(
+        not cfg.pipeline.partial_rollout or not (a.dynamic_sampling or a.adv_estimator == "remax"),
+        "--pipeline.partial-rollout: one generate call per batch is needed to tag its tokens; drop "
+        "--algo.dynamic-sampling (more sampling rounds) or the remax estimator (a greedy pass)",
     )
     _need(
         cfg.pipeline.placement == "split" or cfg.pipeline.rollout_ranks == 1,

@@ -101,6 +101,7 @@ def summary(records: list[dict], params: int) -> dict[str, float]:
         "rollout_idle_s": statistics.mean(r.get("pipeline/rollout_idle_s", 0.0) for r in steady),
         "trainer_idle_s": statistics.mean(r.get("pipeline/trainer_idle_s", 0.0) for r in steady),
         "floor_s": flops / PEAK_FP32,
+        "tokens_per_s": (generated + trained) / period,  # generated + trained (prompt and response) tokens
     }
 
 
@@ -131,14 +132,23 @@ def main() -> None:
             print(f"round {round_} {kind:6s}: {s['period_s']:.3f} s/step, reward/step {s['reward']:.4f}, "
                   f"length mean {s['length_mean']:.1f} max {s['length_max']:.0f}, idle rollout "
                   f"{s['rollout_idle_s']:.3f} s trainer {s['trainer_idle_s']:.3f} s", flush=True)  # fmt: skip
-    period = {kind: statistics.median(s["period_s"] for s in results[kind]) for kind in kinds}
-    floor = statistics.mean(s["floor_s"] for s in results["sync"])
-    print(f"\nparams {params / 1e6:.2f}M; FLOP floor of a step {floor * 1e3:.0f} ms at 200 GFLOP/s")
-    for kind in kinds:
-        reward = statistics.mean(s["reward"] for s in results[kind])
-        print(f"{kind:6s}: {1 / period[kind]:.3f} steps/s ({period[kind]:.3f} s/step, {100 * floor / period[kind]:.1f}% "
-              f"of the floor), {period['sync'] / period[kind]:.2f}x sync, reward per step {reward:.4f}")  # fmt: skip
-    print("target: split >= 1.5x sync at equal reward per step")
+    report(results, params)
+
+
+def report(results: dict[str, list[dict]], params: int) -> None:
+    """Medians over the rounds: steps/s, tokens/s, the FLOP floor of each run's own steps, ratios to sync."""
+    median = {
+        kind: {key: statistics.median(s[key] for s in runs) for key in runs[0]}
+        for kind, runs in results.items()
+    }
+    print(f"\nparams {params / 1e6:.2f}M; floor = a step's FLOPs at 200 GFLOP/s (fp32, 2 cores)")
+    sync = median["sync"]
+    for kind, m in median.items():
+        print(f"{kind:6s}: {1 / m['period_s']:.3f} steps/s ({m['period_s']:.3f} s/step; floor {m['floor_s'] * 1e3:.0f} ms, "
+              f"{100 * m['floor_s'] / m['period_s']:.1f}% of it), {sync['period_s'] / m['period_s']:.2f}x sync steps/s, "
+              f"{m['tokens_per_s'] / sync['tokens_per_s']:.2f}x sync tokens/s, reward per step {m['reward']:.4f}, "
+              f"length mean {m['length_mean']:.1f}")  # fmt: skip
+    print("target: split >= 1.5x sync steps/s at equal reward per step")
 
 
 if __name__ == "__main__":

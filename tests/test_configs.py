@@ -61,6 +61,13 @@ def test_every_preset_is_valid(name):
          "--algo.mini-batch-size 3 is not divisible by the number of training ranks (2)"),
         (with_(BASE, algo=AlgoConfig(objective="sft"), pipeline=PipelineConfig(placement="split")), 2,
          "--algo.objective sft has no rollouts; use colocate"),
+        (with_(BASE, pipeline=PipelineConfig(mode="stream")), 2, "--pipeline.mode stream: needs --pipeline.placement split"),
+        (with_(BASE, pipeline=PipelineConfig(placement="split", partial_rollout=True)), 2,
+         "--pipeline.partial-rollout: needs --pipeline.mode stream"),
+        (with_(BASE, rollout=RolloutConfig(engine="vllm"), pipeline=PipelineConfig(placement="split", mode="stream", partial_rollout=True)), 2,
+         "--pipeline.partial-rollout: needs --rollout.engine native and --rollout.max-turns 1 (got vllm, 1)"),
+        (with_(PRESETS["dapo"][1], pipeline=PipelineConfig(placement="split", mode="stream", partial_rollout=True)), 2,
+         "drop --algo.dynamic-sampling"),
     ],
 )  # fmt: skip
 def test_bad_values_name_flag_value_and_fix(cfg, world_size, message):

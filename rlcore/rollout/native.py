@@ -43,9 +43,10 @@ default cache decoded the tiny model slower than eager (13.5k vs 15.6k tokens/s)
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -206,6 +207,19 @@ class NativeEngine:
             torch.compile(model, mode=compile_mode, dynamic=kv_cache != "static") if compile else model
         )
         self._asleep = self._offloaded = False
+        self._on_step: Callable[[int], None] | None = None
+
+    @contextlib.contextmanager
+    def each_step(self, hook: Callable[[int], None]) -> Iterator[None]:
+        """Within the block, `generate` calls `hook(j)` between decode steps, once tokens 0..j-1 of every
+        live row are sampled and before the forward that gives token j: a hook that loads new weights
+        (`load_weights`) makes tokens j.. come from them (partial rollouts; the KV cache of the earlier
+        tokens is kept as it was computed)."""
+        self._on_step = hook
+        try:
+            yield
+        finally:
+            self._on_step = None
 
     # -- protocol -------------------------------------------------------------------------------
 
@@ -353,6 +367,8 @@ class NativeEngine:
                 cache.batch_select_indices(keep)
                 mask, pos, tok, where = mask[keep], pos[keep], tok[keep], where[keep]
                 live = torch.ones(n_live, dtype=torch.bool, device=self.device)
+            if self._on_step is not None:
+                self._on_step(step + 1)
             mask[:, p + step] = 1  # the token fed now
             step_mask = mask if self.kv_cache == "static" else mask[:, : p + step + 1]
             logits = self._forward(self._step_fn, tok[:, None], step_mask, pos, cache, last=False)

@@ -13,6 +13,8 @@
                                        vLLM then runs a half-loaded policy; the step-1 gap check must say so)
     RLCORE_TEST_SLOW_ROLLOUT_S=1.5     every batch takes 1.5 s longer to generate (a slow rollout role, for
                                        stream mode's timing)
+    RLCORE_TEST_SLOW_DECODE_S=0.2      with partial rollouts, every decode step takes 0.2 s longer (pushes
+                                       then arrive while a batch is being generated)
 
 The run loop calls `kill_point` at its phase boundaries, `checkpoints.save` calls `before_commit`,
 `learn` passes the advantages through `poison`, the weight push asks `push_per_bucket`, and
@@ -55,6 +57,13 @@ def before_commit(step: int) -> None:
 def slow_rollout() -> None:
     """Sleep RLCORE_TEST_SLOW_ROLLOUT_S seconds, if set."""
     delay = os.environ.get("RLCORE_TEST_SLOW_ROLLOUT_S")
+    if delay:
+        time.sleep(float(delay))
+
+
+def slow_decode() -> None:
+    """Sleep RLCORE_TEST_SLOW_DECODE_S seconds, if set."""
+    delay = os.environ.get("RLCORE_TEST_SLOW_DECODE_S")
     if delay:
         time.sleep(float(delay))
 

@@ -41,7 +41,7 @@ from rlcore.dist.transfer import (
 )
 from rlcore.state import Rollout, TrainState
 from rlcore.steps import concat_rollouts
-from rlcore.trainer import checkpoints
+from rlcore.trainer import checkpoints, faults
 from rlcore.trainer.collect import generate
 from rlcore.trainer.validation import val_due
 
@@ -230,9 +230,15 @@ def rollout_loop(state: TrainState, h: Any, algorithm: Algorithm, validate: Any)
         ahead = min(state.step + 1 + k, last)
         if first <= ahead:
             for step in range(first, (first if inbox is not None else ahead) + 1):
-                state = generate(state, h, algorithm, step, {"pipeline/rollout_idle_s": idle})
+                extra = {"pipeline/rollout_idle_s": idle}
+                if cfg.pipeline.partial_rollout:
+                    state, took = _generate_partial(state, h, algorithm, step, extra, inbox)
+                else:
+                    state, took = generate(state, h, algorithm, step, extra), []
                 works += send_rollout(state.pending[-1], h)
                 idle = 0.0
+                for pushed in took:  # pushes taken mid-batch: validate and save now, with the batch sent
+                    _took(dataclasses.replace(state, step=pushed), h, validate, None)
             continue
         if state.step >= last:
             break
@@ -245,6 +251,40 @@ def rollout_loop(state: TrainState, h: Any, algorithm: Algorithm, validate: Any)
     for w in works:
         w.wait()
     return state
+
+
+def _generate_partial(
+    state: TrainState, h: Any, algorithm: Algorithm, step: int, extra: dict[str, float], inbox: Inbox
+) -> tuple[TrainState, list[int]]:
+    """`generate` with every push that arrives between decode steps loaded at once (partial rollouts):
+    the batch's `rollout_versions` change at the token where each push came in. Returns the state (at
+    the last push's step and version) and the steps of the pushes taken, whose validation and
+    checkpoint wait for the batch (the trainer waits for them before its next push)."""
+    changes: list[tuple[int, int]] = []  # (first token sampled with it, version)
+    now = {"state": state}
+
+    def take(token: int) -> None:
+        faults.slow_decode()  # test-only (RLCORE_TEST_SLOW_DECODE_S)
+        while now["state"].step < h.cfg.trainer.steps and inbox.arrived():
+            now["state"], _ = receive_push(now["state"], h, inbox.take())
+            changes.append((token, now["state"].policy_version))
+            if now["state"].step < h.cfg.trainer.steps:
+                inbox.post()
+
+    with h.engine.each_step(take):  # the native engine, single-turn (configs.validate)
+        done = generate(state, h, algorithm, step, extra)
+    rollout, latest = done.pending[-1], now["state"]
+    versions = rollout.batch["rollout_versions"].clone()  # (b, t)
+    for token, version in changes:
+        versions[:, token:] = version
+    batch = rollout.batch.with_(rollout_versions=versions, overwrite=True)
+    pending = tuple(
+        r for r in (*done.pending[:-1], dataclasses.replace(rollout, batch=batch)) if r.step > latest.step
+    )
+    took = list(range(state.step + 1, latest.step + 1))
+    return dataclasses.replace(
+        done, step=latest.step, policy_version=latest.policy_version, pending=pending
+    ), took
 
 
 def _took(state: TrainState, h: Any, validate: Any, inbox: Inbox | None) -> TrainState:

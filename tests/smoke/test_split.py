@@ -201,3 +201,18 @@ def test_split_k1_learns_the_default_task(tmp_path) -> None:
     ok(proc)
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert records[0]["val/reward_mean"] < 0.3 and records[-1]["val/reward_mean"] >= 0.9
+
+
+def test_partial_rollouts_tag_each_token_with_its_version(tmp_path) -> None:
+    """Stream mode with partial rollouts, decoding slowed to 0.2 s a step: pushes arrive while a batch is
+    being generated and its later tokens come from the new weights, so a batch's tokens carry more
+    than one version (mean staleness below the max) and no token is more than K versions old."""
+    args = ("--pipeline.max-staleness", "2", "--trainer.steps", "6", "--trainer.val-every", "3",
+            "--pipeline.mode", "stream", "--pipeline.partial-rollout", "--trainer.save-every", "3")  # fmt: skip
+    ok(split(*args, out=tmp_path, env={"RLCORE_TEST_SLOW_DECODE_S": "0.2"}))
+    records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["step"] > 0]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert all(r["pipeline/staleness_max"] <= 2.0 for r in records)
+    mixed = [r["step"] for r in records if r["pipeline/staleness_mean"] < r["pipeline/staleness_max"]]
+    assert mixed, [(r["pipeline/staleness_mean"], r["pipeline/staleness_max"]) for r in records]
+    assert "val/reward_mean" in records[2] and (tmp_path / "checkpoints" / "step_6").is_dir()
