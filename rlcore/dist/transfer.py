@@ -42,7 +42,8 @@ def tensor_json(text: Tensor) -> Any:
     return json.loads(text.cpu().numpy().tobytes().decode())
 
 
-def _device(group: Any) -> torch.device:
+def group_device(group: Any) -> torch.device:
+    """Where `group`'s tensors must live: the current CUDA device for nccl, else the CPU."""
     backend = dist.get_backend(group)
     return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
@@ -61,7 +62,7 @@ def header(batch: Batch) -> Tensor:
 
 def send_batch(batch: Batch, dst: int, *, group: Any = None, async_op: bool = False) -> list[Any]:
     """Send `batch` to global rank `dst` (see the module docstring); returns the works when `async_op`."""
-    device = _device(group)
+    device = group_device(group)
     text = header(batch)
     pieces = [torch.tensor([text.numel()], dtype=torch.int64), text]
     pieces += [t.detach().contiguous() for t in batch.tensors.values() if t.numel()]  # empty ones: shape only
@@ -72,7 +73,7 @@ def send_batch(batch: Batch, dst: int, *, group: Any = None, async_op: bool = Fa
 
 def recv_batch(src: int, *, group: Any = None) -> Batch:
     """Receive a batch that global rank `src` sent with `send_batch`; tensors on the CPU."""
-    device = _device(group)
+    device = group_device(group)
     size = torch.zeros(1, dtype=torch.int64, device=device)
     dist.recv(size, src, group=group)
     text = torch.zeros(int(size.item()), dtype=torch.uint8, device=device)
@@ -100,7 +101,7 @@ def broadcast_weights(
     of `group`, whose `receive_weights` feeds its engine; one broadcast per tensor after a manifest.
     With `async_op` nothing waits for the receivers: the works are returned (each holds a copy of its
     tensor, so the model may change meanwhile)."""
-    device = _device(group)
+    device = group_device(group)
     text = json_tensor(weight_manifest(model))
     pieces = [torch.tensor([text.numel()], dtype=torch.int64, device=device), text.to(device)]
     works = [dist.broadcast(piece, src, group=group, async_op=async_op) for piece in pieces]
@@ -113,7 +114,7 @@ def broadcast_weights(
 def receive_weights(*, src: int, group: Any = None) -> Iterator[tuple[str, Tensor]]:
     """The (name, tensor) pairs `broadcast_weights` sends, as they arrive: give the iterator to one
     `engine.load_weights` call (one update of the engine). It must be read to the end."""
-    device = _device(group)
+    device = group_device(group)
     size = torch.zeros(1, dtype=torch.int64, device=device)
     dist.broadcast(size, src, group=group)
     text = torch.zeros(int(size.item()), dtype=torch.uint8, device=device)
@@ -125,6 +126,6 @@ def receive_weights(*, src: int, group: Any = None) -> Iterator[tuple[str, Tenso
 
 
 __all__ = [
-    "broadcast_weights", "header", "json_tensor", "receive_weights", "recv_batch", "send_batch", "tensor_json",
+    "broadcast_weights", "group_device", "header", "json_tensor", "receive_weights", "recv_batch", "send_batch", "tensor_json",
     "weight_manifest",
 ]  # fmt: skip

@@ -16,6 +16,12 @@ max(0, t - 1 - K), from the same cursor and seeds (rollout rank r samples as ran
 ranks would). Each rollout rank's batch is cut in whole prompt groups, in rank order, into M equal
 parts, one per trainer rank (with dynamic sampling every rollout rank first keeps as many groups as
 the fewest of them has, as colocated ranks do).
+
+Stream mode (--pipeline.mode stream) changes only when the rollout ranks take a push: the leader
+sends it without waiting (`Outbox`), a rollout rank takes whatever has arrived before each batch
+(`Inbox`) and waits only when the next batch would be more than K versions behind; with
+--pipeline.partial-rollout it also takes pushes between decode steps of a batch. Which version a
+batch gets then depends on timing: fresher samples, no reproducibility.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from rlcore.dist.reduce import all_reduce_int, reduce_metrics
 from rlcore.dist.stream import WeightPush
 from rlcore.dist.transfer import (
     broadcast_weights,
+    group_device,
     json_tensor,
     receive_weights,
     recv_batch,
@@ -125,7 +132,8 @@ def push_weights(model: Any, h: Any, *, step: int, version: int, bucket_bytes: i
     does not wait for the rollout ranks to receive it (`h.outbox` keeps it until they have)."""
     p = h.placement
     leads, stream = dist.get_rank() == p.leader, h.cfg.pipeline.mode == "stream"
-    announce, started = torch.tensor([step, version, int(model is not None)]), time.perf_counter()
+    announce = torch.tensor([step, version, int(model is not None)], device=group_device(p.push))
+    started = time.perf_counter()
     if leads:  # lag mode: blocks until the rollout ranks take it, which they do when their schedule needs it
         h.outbox.add([w for w in [dist.broadcast(announce, p.leader, group=p.push, async_op=stream)] if w])
     waited = {"pipeline/push_wait_s": time.perf_counter() - started}
@@ -146,10 +154,10 @@ class Inbox:
     weights are in (the group's operations must run in the trainer's order)."""
 
     def __init__(self, h: Any) -> None:
-        self._h, self._work, self._buffer = h, None, torch.zeros(3, dtype=torch.int64)
+        self._h, self._work, self._buffer = h, None, None
 
     def post(self) -> None:
-        self._buffer = torch.zeros(3, dtype=torch.int64)
+        self._buffer = torch.zeros(3, dtype=torch.int64, device=group_device(self._h.placement.push))
         self._work = dist.broadcast(
             self._buffer, self._h.placement.leader, group=self._h.placement.push, async_op=True
         )
@@ -161,7 +169,7 @@ class Inbox:
         assert self._work is not None
         self._work.wait()
         self._work = None
-        return self._buffer
+        return self._buffer.cpu()
 
 
 def receive_push(state: TrainState, h: Any, announce: torch.Tensor | None = None) -> tuple[TrainState, float]:
@@ -170,10 +178,10 @@ def receive_push(state: TrainState, h: Any, announce: torch.Tensor | None = None
     trained by then; and the seconds waited."""
     p, started = h.placement, time.perf_counter()
     if announce is None:
-        announce = torch.zeros(3, dtype=torch.int64)
+        announce = torch.zeros(3, dtype=torch.int64, device=group_device(p.push))
         dist.broadcast(announce, p.leader, group=p.push)
     waited = time.perf_counter() - started
-    step, version, has_weights = announce.tolist()
+    step, version, has_weights = announce.cpu().tolist()
     if has_weights:
         stream = receive_weights(src=p.leader, group=p.push)
         h.engine.load_weights(stream)
@@ -187,8 +195,9 @@ def receive_push(state: TrainState, h: Any, announce: torch.Tensor | None = None
 
 
 def send_validation(metrics: dict[str, float], h: Any) -> None:
-    text = json_tensor(metrics)
-    dist.send(torch.tensor([text.numel()]), h.placement.leader, group=h.placement.val)
+    device = group_device(h.placement.val)
+    text = json_tensor(metrics).to(device)
+    dist.send(torch.tensor([text.numel()], device=device), h.placement.leader, group=h.placement.val)
     dist.send(text, h.placement.leader, group=h.placement.val)
 
 
@@ -196,9 +205,10 @@ def receive_validation(h: Any) -> dict[str, float]:
     """The validation metrics rollout rank 0 measured (on the leader; {} on the other trainer ranks)."""
     if dist.get_rank() != h.placement.leader:
         return {}
-    size = torch.zeros(1, dtype=torch.int64)
+    device = group_device(h.placement.val)
+    size = torch.zeros(1, dtype=torch.int64, device=device)
     dist.recv(size, 0, group=h.placement.val)
-    text = torch.zeros(int(size.item()), dtype=torch.uint8)
+    text = torch.zeros(int(size.item()), dtype=torch.uint8, device=device)
     dist.recv(text, 0, group=h.placement.val)
     return tensor_json(text)
 
