@@ -3,6 +3,7 @@
     .venv/bin/python experiments/lag_study.py                      # the default task, seed 0, ~5 minutes
     .venv/bin/python experiments/lag_study.py --seeds 0 1 2        # three seeds
     .venv/bin/python experiments/lag_study.py --quick              # 3 steps each: checks the script runs
+    .venv/bin/python experiments/lag_study.py --task calc --seeds 0 1 2    # multi-turn calc, 14 steps
 
 Issue 16. Each run is the real train.py on the embedded default (GRPO, builtin:reverse, tiny-reverse,
 30 steps of 32 prompts x 8), validated every 5 steps, with --pipeline.max-staleness K; "is" adds
@@ -24,12 +25,35 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(k: int, correction: bool, seed: int, steps: int) -> dict:
+TASKS = {
+    "reverse": ["--trainer.val-every", "5"],  # the embedded default run
+    "calc": ["--model.path", "builtin:tiny-calc", "--data.train-files", "builtin:calc", "--data.val-files",
+             "builtin:calc", "--rollout.max-turns", "2", "--rollout.max-tokens", "64", "--data.batch-size", "16",
+             "--trainer.val-every", "2"],  # the multi-turn calculator task of experiments/algorithms
+}  # fmt: skip
+
+
+CORRECTIONS = {
+    "-": [],
+    "is": ["--algo.rollout-is", "token", "--algo.rollout-is-cap", "2"],  # decoupled PPO, truncated token IS
+    "rs": [
+        "--algo.rollout-rs",
+        "token",
+        "--algo.rollout-rs-upper",
+        "2",
+        "--algo.rollout-rs-lower",
+        "0.5",
+    ],  # IcePop
+}
+
+
+def run(
+    k: int, correction: str, seed: int, steps: int, task: str = "reverse", lr: float | None = None
+) -> dict:
     out = Path(tempfile.mkdtemp(prefix=f"lag-k{k}-"))
     cmd = [sys.executable, str(ROOT / "train.py"), "--pipeline.max-staleness", str(k), "--trainer.seed", str(seed),
-           "--trainer.steps", str(steps), "--trainer.val-every", "5", "--log.no-progress", "--out-dir", str(out)]  # fmt: skip
-    if correction:
-        cmd += ["--algo.rollout-is", "token", "--algo.rollout-is-cap", "2"]
+           "--trainer.steps", str(steps), *TASKS[task], "--log.no-progress", "--out-dir", str(out)]  # fmt: skip
+    cmd += CORRECTIONS[correction] + (["--optim.lr", str(lr)] if lr else [])
     env = os.environ | {"TRANSFORMERS_VERBOSITY": "error"}
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if proc.returncode:
@@ -50,19 +74,26 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--task", choices=sorted(TASKS), default="reverse")
+    parser.add_argument("--corrections", nargs="+", choices=sorted(CORRECTIONS), default=["-", "is"])
+    parser.add_argument("--ks", type=int, nargs="+", default=[0, 1, 2, 4])
+    parser.add_argument(
+        "--lr", type=float, default=None, help="--optim.lr of every run (default: the task's)"
+    )
+    parser.add_argument("--steps", type=int, default=None, help="default: 30 (reverse), 14 (calc)")
     args = parser.parse_args()
-    steps = 3 if args.quick else 30
+    steps = 3 if args.quick else args.steps or (30 if args.task == "reverse" else 14)
     print(
         "K | correction | seed | first val >= 0.9 at step | final val | mean staleness | mean |rollout-old|"
     )
-    for k in (0, 1, 2, 4):
-        for correction in (False, True):
+    for k in args.ks:
+        for correction in args.corrections:
             for seed in args.seeds:
-                r = run(k, correction, seed, steps)
+                r = run(k, correction, seed, steps, args.task, args.lr)
                 if "error" in r:
-                    print(f"{k} | {'is' if correction else '-'} | {seed} | {r['error']}")
+                    print(f"{k} | {correction} | {seed} | {r['error']}")
                     continue
-                print(f"{k} | {'is' if correction else '-'} | {seed} | {r['to_0.9']} | {r['final_val']:.3f} | "
+                print(f"{k} | {correction} | {seed} | {r['to_0.9']} | {r['final_val']:.3f} | "
                       f"{r['staleness']:.2f} | {r['gap_mean']:.3f}", flush=True)  # fmt: skip
 
 
