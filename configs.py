@@ -367,6 +367,45 @@ def roles(cfg: Config, world_size: int) -> dict[str, int]:
     return {"number of rollout ranks": n, "number of trainer ranks": world_size - n}
 
 
+def _check_pipeline(cfg: Config, world_size: int) -> None:
+    """--pipeline.*: placement, modes, partial rollouts and role threads that fit together."""
+    if cfg.pipeline.placement == "split":
+        _check_split(cfg, world_size)
+    for flag, threads in (
+        ("rollout-threads", cfg.pipeline.rollout_threads),
+        ("trainer-threads", cfg.pipeline.trainer_threads),
+    ):
+        _need(threads >= 0, f"--pipeline.{flag} {threads}: must be >= 0 (0: torch's default)")
+        _need(
+            threads == 0 or cfg.pipeline.placement == "split",
+            f"--pipeline.{flag} {threads}: only for --pipeline.placement split (else set OMP_NUM_THREADS)",
+        )
+    _need(
+        cfg.pipeline.mode == "lag" or cfg.pipeline.placement == "split",
+        f"--pipeline.mode {cfg.pipeline.mode}: needs --pipeline.placement split (colocated ranks generate "
+        "and train in turn, so there is nothing to stream)",
+    )
+    _need(
+        not cfg.pipeline.partial_rollout or cfg.pipeline.mode == "stream",
+        "--pipeline.partial-rollout: needs --pipeline.mode stream (lag mode samples each batch with one version)",
+    )
+    _need(
+        not cfg.pipeline.partial_rollout or (cfg.rollout.engine == "native" and cfg.rollout.max_turns == 1),
+        f"--pipeline.partial-rollout: needs --rollout.engine native and --rollout.max-turns 1 (got {cfg.rollout.engine}, "
+        f"{cfg.rollout.max_turns}): weights change between the native engine's decode steps",
+    )
+    _need(
+        not cfg.pipeline.partial_rollout
+        or not (cfg.algo.dynamic_sampling or cfg.algo.adv_estimator == "remax"),
+        "--pipeline.partial-rollout: one generate call per batch is needed to tag its tokens; drop "
+        "--algo.dynamic-sampling (more sampling rounds) or the remax estimator (a greedy pass)",
+    )
+    _need(
+        cfg.pipeline.placement == "split" or cfg.pipeline.rollout_ranks == 1,
+        f"--pipeline.rollout-ranks {cfg.pipeline.rollout_ranks}: only --pipeline.placement split has rollout ranks",
+    )
+
+
 def _check_split(cfg: Config, world_size: int) -> None:
     n, p = cfg.pipeline.rollout_ranks, cfg.pipeline
     _need(
@@ -395,40 +434,7 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
 
     d, r, a, t = cfg.data, cfg.rollout, cfg.algo, cfg.trainer
     _need(d.batch_size >= 1, f"--data.batch-size {d.batch_size}: must be >= 1")
-    if cfg.pipeline.placement == "split":
-        _check_split(cfg, world_size)
-    for flag, threads in (
-        ("rollout-threads", cfg.pipeline.rollout_threads),
-        ("trainer-threads", cfg.pipeline.trainer_threads),
-    ):
-        _need(threads >= 0, f"--pipeline.{flag} {threads}: must be >= 0 (0: torch's default)")
-        _need(
-            threads == 0 or cfg.pipeline.placement == "split",
-            f"--pipeline.{flag} {threads}: only for --pipeline.placement split (else set OMP_NUM_THREADS)",
-        )
-    _need(
-        cfg.pipeline.mode == "lag" or cfg.pipeline.placement == "split",
-        f"--pipeline.mode {cfg.pipeline.mode}: needs --pipeline.placement split (colocated ranks generate "
-        "and train in turn, so there is nothing to stream)",
-    )
-    _need(
-        not cfg.pipeline.partial_rollout or cfg.pipeline.mode == "stream",
-        "--pipeline.partial-rollout: needs --pipeline.mode stream (lag mode samples each batch with one version)",
-    )
-    _need(
-        not cfg.pipeline.partial_rollout or (r.engine == "native" and r.max_turns == 1),
-        f"--pipeline.partial-rollout: needs --rollout.engine native and --rollout.max-turns 1 (got {r.engine}, "
-        f"{r.max_turns}): weights change between the native engine's decode steps",
-    )
-    _need(
-        not cfg.pipeline.partial_rollout or not (a.dynamic_sampling or a.adv_estimator == "remax"),
-        "--pipeline.partial-rollout: one generate call per batch is needed to tag its tokens; drop "
-        "--algo.dynamic-sampling (more sampling rounds) or the remax estimator (a greedy pass)",
-    )
-    _need(
-        cfg.pipeline.placement == "split" or cfg.pipeline.rollout_ranks == 1,
-        f"--pipeline.rollout-ranks {cfg.pipeline.rollout_ranks}: only --pipeline.placement split has rollout ranks",
-    )
+    _check_pipeline(cfg, world_size)
     for role, size in roles(cfg, world_size).items():
         _need(
             d.batch_size % size == 0,

@@ -6,6 +6,10 @@ The TrainState's other fields (step, scheduler, data cursor, KL coefficient, bad
 count, policy version) are JSON; the DCP files
 are read with an allow-list unpickler and `weights_only=True` (`rlcore.dist.safe_dcp`): no code runs.
 
+Under split placement one checkpoint holds both roles: the trainer ranks' model and optimizer (DCP
+over them) and JSON, and each rollout rank's batches sent but not trained plus the data cursor (its
+`tensors_rank<r>.pt`); it resumes only under the same placement and number of rollout ranks.
+
 A save that cannot write (disk full, directory not writable) and a checkpoint that cannot be resumed
 from end the run with one `error:` line and exit code 2; a failed save removes its `.tmp` directory.
 """
@@ -13,6 +17,7 @@ from end the run with one `error:` line and exit code 2; a failed save removes i
 from __future__ import annotations
 
 import dataclasses
+import json
 import pickle
 import shutil
 from pathlib import Path
@@ -50,12 +55,9 @@ def _generator_extra(state: TrainState, h: Any) -> dict[str, Any]:
 def _placement(h: Any) -> dict[str, Any]:
     """What a resume must match: colocated checkpoints load at any world size; split ones need the same
     rollout ranks (each saved its own batches generated ahead; the trainer ranks may change)."""
-    p = h.placement
-    return (
-        {"placement": "split", "rollout_ranks": len(p.rollout_ranks)}
-        if p.split
-        else {"placement": "colocate"}
-    )
+    if not h.placement.split:
+        return {"placement": "colocate"}
+    return {"placement": "split", "rollout_ranks": len(h.placement.rollout_ranks)}
 
 
 def save_due(cfg: Any, step: int) -> bool:
@@ -95,9 +97,8 @@ def _write(state: TrainState, h: Any, root: Path) -> None:
 
     step, critic, trainers = state.step, state.critic, h.placement.trainers
     if not h.placement.trains:  # a rollout rank: its batches sent but not trained, and the cursor
-        tensors = rollouts_to_tensors(state.pending) | {
-            "rollout/json": json_tensor(_generator_extra(state, h))
-        }
+        own = {"rollout/json": json_tensor(_generator_extra(state, h))}
+        tensors = rollouts_to_tensors(state.pending) | own
         save_checkpoint(root, step, None, None, tensors=tensors, dcp_group=trainers,
                         before_commit=lambda: faults.before_commit(step))  # fmt: skip
         return
@@ -153,13 +154,8 @@ def resume(state: TrainState, h: Any) -> TrainState:
 
 def _check_placement(path: Path, h: Any, spec: str) -> None:
     """Refuse, on every rank alike (before any collective), a checkpoint of another placement."""
-    import json
-
-    saved = (
-        json.loads((path / "extra.json").read_text()).get("placement")
-        if (path / "extra.json").is_file()
-        else None
-    )
+    extra = path / "extra.json"
+    saved = json.loads(extra.read_text()).get("placement") if extra.is_file() else None
     if saved is not None and saved != _placement(h):
         said = ", ".join(f"{k} {v}" for k, v in saved.items())
         raise StopRun(

@@ -131,10 +131,8 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm]:
     ref_model = models.build_reference(cfg, dist, mesh) if needs_ref else None
     actor = models.build_state(cfg, model, dist) if trains else None
     engine = None
-    if generates:
-        with as_world(
-            placement.rollouts if cfg.rollout.engine == "vllm" else None
-        ):  # vLLM's world: the rollout ranks
+    if generates:  # an in-process vLLM takes the default group as its world: there, the rollout ranks
+        with as_world(placement.rollouts if cfg.rollout.engine == "vllm" else None):
             engine = models.build_engine(cfg, model, tokenizer, dist, mesh if trains else None)
     critic = models.build_critic_state(cfg, dist, mesh) if algorithm.needs_critic and trains else None
     if placement.writes:
@@ -146,7 +144,7 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm]:
     state = TrainState(actor=actor, critic=critic, kl_coef=cfg.algo.kl_coef, cursor=Cursor())
     h = Handles(cfg=cfg, out_dir=out_dir, placement=placement, dist=dist, mesh=mesh, tokenizer=tokenizer,
                 train_ds=train_ds, val_ds=val_ds, scorer=scorer, engine=engine, ref_model=ref_model, logger=logger,
-                outbox=split.Outbox() if placement.split else None)  # fmt: skip
+                outbox=split.Outbox() if placement.role == "trainer" else None)  # fmt: skip
     return state, h, algorithm
 
 
