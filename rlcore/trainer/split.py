@@ -132,9 +132,9 @@ def push_weights(model: Any, h: Any, *, step: int, version: int, bucket_bytes: i
     does not wait for the rollout ranks to receive it (`h.outbox` keeps it until they have)."""
     p = h.placement
     leads, stream = dist.get_rank() == p.leader, h.cfg.pipeline.mode == "stream"
-    announce = torch.tensor([step, version, int(model is not None)], device=group_device(p.push))
     started = time.perf_counter()
     if leads:  # lag mode: blocks until the rollout ranks take it, which they do when their schedule needs it
+        announce = torch.tensor([step, version, int(model is not None)], device=group_device(p.push))
         h.outbox.add([w for w in [dist.broadcast(announce, p.leader, group=p.push, async_op=stream)] if w])
     waited = {"pipeline/push_wait_s": time.perf_counter() - started}
     if model is None:
