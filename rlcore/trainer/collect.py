@@ -60,13 +60,17 @@ def this_rank(h: Any, prompts: Batch) -> Batch:
     return prompts[h.dist.rank * per : (h.dist.rank + 1) * per]
 
 
+def due(state: TrainState, cfg: Any) -> range:
+    """The steps whose batches may be generated now and are not pending yet: up to state.step + 1 + K
+    (K = --pipeline.max-staleness, capped at the last step), so that the batch of step t is generated
+    with policy version max(0, t - 1 - K) at the oldest (lag mode: exactly; K = 0: synchronous)."""
+    first = state.pending[-1].step + 1 if state.pending else state.step + 1
+    return range(first, min(state.step + 1 + cfg.pipeline.max_staleness, cfg.trainer.steps) + 1)
+
+
 def fill(state: TrainState, h: Any, algorithm: Algorithm) -> TrainState:
-    """Generate, with the engine's current weights, the batches of the steps up to state.step + 1 + K
-    (K = --pipeline.max-staleness, capped at the last step) that are not pending yet: each batch of
-    step t is then generated with policy version max(0, t - 1 - K) (lag mode; K = 0: synchronous)."""
-    last = min(state.step + 1 + h.cfg.pipeline.max_staleness, h.cfg.trainer.steps)
-    next_step = state.pending[-1].step + 1 if state.pending else state.step + 1
-    for step in range(next_step, last + 1):
+    """Generate, with the engine's current weights, the batches of every step `due` (lag mode)."""
+    for step in due(state, h.cfg):
         state = generate(state, h, algorithm, step)
     return state
 

@@ -49,7 +49,7 @@ from rlcore.dist.transfer import (
 from rlcore.state import Rollout, TrainState
 from rlcore.steps import concat_rollouts
 from rlcore.trainer import checkpoints, faults
-from rlcore.trainer.collect import generate
+from rlcore.trainer.collect import due, generate
 from rlcore.trainer.validation import val_due
 
 
@@ -222,7 +222,7 @@ def rollout_loop(state: TrainState, h: Any, algorithm: Algorithm, validate: Any)
     is generated with version max(0, t - 1 - K) exactly). Stream mode: one batch at a time, each with the
     newest weights that have arrived (still at most K versions behind), waiting only when K binds.
     `validate(h, step)` measures the engine's policy."""
-    cfg, last, k = h.cfg, h.cfg.trainer.steps, h.cfg.pipeline.max_staleness
+    cfg, last = h.cfg, h.cfg.trainer.steps
     inbox = Inbox(h) if cfg.pipeline.mode == "stream" else None
     state = checkpoints.resume(state, h)
     state, _ = receive_push(state, h)  # the starting (or restored) weights
@@ -236,10 +236,9 @@ def rollout_loop(state: TrainState, h: Any, algorithm: Algorithm, validate: Any)
         if inbox is not None:
             while state.step < last and inbox.arrived():  # pushes that came while this rank generated
                 state = _took(receive_push(state, h, inbox.take())[0], h, validate, inbox)
-        first = state.pending[-1].step + 1 if state.pending else state.step + 1
-        ahead = min(state.step + 1 + k, last)
-        if first <= ahead:
-            for step in range(first, (first if inbox is not None else ahead) + 1):
+        steps = due(state, cfg)
+        if steps:
+            for step in steps[:1] if inbox is not None else steps:  # stream: one batch, then new weights
                 extra = {"pipeline/rollout_idle_s": idle}
                 if cfg.pipeline.partial_rollout:
                     state, took = _generate_partial(state, h, algorithm, step, extra, inbox)
