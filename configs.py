@@ -75,6 +75,10 @@ class RolloutConfig:
     """1: single-turn. > 1: the multi-turn agent loop (rlcore.rollout.agent) with the built-in tools
     (calculator, python); tool results are in the response but not trained on. max-tokens bounds the
     whole response, observations included."""
+    compile: bool = False
+    """native only: torch.compile the lean decode step (Llama-family models; CPU inductor). The first
+    rollout compiles for about a minute on 2 cores; the steps after are faster (experiments/README.md,
+    bench_rollout). Off: the same step in eager mode."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -445,6 +449,10 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
     _need(r.temperature >= 0, f"--rollout.temperature {r.temperature}: must be >= 0")
     _need(0 < r.top_p <= 1, f"--rollout.top-p {r.top_p}: must be in (0, 1]")
     _need(r.max_turns >= 1, f"--rollout.max-turns {r.max_turns}: must be >= 1 (1 is single-turn)")
+    _need(
+        not r.compile or r.engine == "native",
+        "--rollout.compile compiles the native engine's decode step; vLLM compiles its own (drop the flag)",
+    )
     _need(
         r.sync_bucket_mb > 0 and math.isfinite(r.sync_bucket_mb),
         f"--rollout.sync-bucket-mb {r.sync_bucket_mb}: must be a number of MiB > 0",

@@ -43,6 +43,7 @@ def test_every_preset_is_valid(name):
         (with_(BASE, algo=AlgoConfig(kl_kind="k9")), 1, "--algo.kl-kind 'k9'"),
         (with_(BASE, rollout=RolloutConfig(n=1)), 1, "--rollout.n 1: --algo.adv-estimator grpo compares samples"),
         (with_(BASE, rollout=RolloutConfig(top_p=0.0)), 1, "--rollout.top-p 0.0"),
+        (with_(BASE, rollout=RolloutConfig(engine="vllm", compile=True)), 1, "--rollout.compile compiles the native"),
         (with_(BASE, trainer=TrainerConfig(val_every=-1)), 1, "--trainer.val-every -1"),
         (with_(BASE, data=DataConfig(train_files=("missing.parquet",))), 1, "--data.train-files missing.parquet: file not found"),
         (with_(BASE, data=DataConfig(val_files=("builtin:nope",))), 1, "--data.val-files builtin:nope: unknown built-in task"),

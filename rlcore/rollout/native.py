@@ -57,6 +57,7 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, StaticCa
 from rlcore.batch import Batch
 from rlcore.data.prompts import pad_token_id
 from rlcore.rollout.base import SamplingParams
+from rlcore.rollout.lean import lean_decoder
 from rlcore.rollout.sampling import check_sampling, sample_tokens
 
 _WRAPPER_PARTS = ("_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
@@ -176,13 +177,16 @@ class NativeEngine:
         offload_on_sleep: bool = False,
         compile: bool = False,
         compile_mode: str | None = None,
+        lean: bool = True,
     ) -> None:
         """`model` is used as is (shared). `device` defaults to the model's; if given, the model moves there.
         `kv_cache`: "auto" (preallocated when every layer is full attention, else HF DynamicCache),
         "dynamic" (HF DynamicCache), or "static" (HF StaticCache and fixed shapes for compile / CUDA
         graphs: no prefill sharing, finished rows stay in the batch).
         `compact_fraction`: drop finished rows from the batch once they are this share of it (0: at once).
-        `offload_on_sleep`: move the weights to CPU in `sleep` (only for an engine owning its copy)."""
+        `offload_on_sleep`: move the weights to CPU in `sleep` (only for an engine owning its copy).
+        `lean`: decode with `rlcore.rollout.lean` where it covers the model (Llama family, "auto" cache);
+        `compile` then compiles the lean step, else the Hugging Face module."""
         if kv_cache not in ("auto", "dynamic", "static"):
             raise ValueError(f"kv_cache={kv_cache!r}: expected 'auto', 'dynamic' or 'static'")
         if not 0 <= compact_fraction <= 1:
@@ -203,8 +207,11 @@ class NativeEngine:
         self.kv_cache = kv_cache
         self._prealloc = kv_cache == "auto" and full_attention_only(getattr(model, "config", None))
         self._compacts = kv_cache != "static"  # a static cache keeps its shapes: finished rows stay
+        self._lean = lean_decoder(model, compile=compile) if lean and self._prealloc else None
         self._step_fn = (
-            torch.compile(model, mode=compile_mode, dynamic=kv_cache != "static") if compile else model
+            torch.compile(model, mode=compile_mode, dynamic=kv_cache != "static")
+            if compile and self._lean is None
+            else model
         )
         self._asleep = self._offloaded = False
         self._on_step: Callable[[int], None] | None = None
@@ -301,12 +308,11 @@ class NativeEngine:
         out = fn(input_ids=ids, attention_mask=mask, position_ids=pos, **kwargs)
         return out.logits[:, -1]  # (b, v)
 
-    def _prefill(self, prompts: Batch, sp: SamplingParams) -> tuple[Cache, Tensor, Tensor, Tensor]:
-        """(cache, last logits (b*n, v), mask (b*n, p+T), next positions (b*n, 1)) after the prompts.
+    def _start(self, prompts: Batch, sp: SamplingParams) -> tuple[Any, Tensor]:
+        """(decoding state, last prompt logits (b*n, v)): the prompts prefilled once each by the Hugging
+        Face forward, their cache rows and logits repeated n times (a prompt's samples consecutive).
 
-        Each prompt is prefilled once and its cache rows and logits repeated n times, except with the
-        static cache (fixed shapes): there every sample prefills its own copy. The mask's response
-        columns are 0, switched on one step at a time."""
+        With the static cache (fixed shapes) every sample prefills its own copy instead."""
         ids = prompts["input_ids"].to(self.device)  # (b, p)
         pos = _positions(prompts, self.device)  # (b, p)
         prompt_mask = prompts["attention_mask"].to(self.device)  # (b, p)
@@ -314,20 +320,25 @@ class NativeEngine:
         if static and n > 1:
             ids, pos, prompt_mask = (x.repeat_interleave(n, dim=0) for x in (ids, pos, prompt_mask))
             n = 1
+        if self._lean is not None:
+            cache = self._new_cache(ids.shape[1])
+            logits = self._forward(self.model, ids, prompt_mask, pos, cache, last=True)
+            state = self._lean.start(cache, prompt_mask, pos[:, -1:] + 1, n, sp.max_tokens)
+            return state, logits.repeat_interleave(n, dim=0)
         cache = self._new_cache(ids.shape[1] + sp.max_tokens)
         mask = torch.cat([prompt_mask, prompt_mask.new_zeros((ids.shape[0], sp.max_tokens))], dim=1)
         logits = self._forward(self.model, ids, mask if static else prompt_mask, pos, cache, last=True)
         if n > 1:
             cache.batch_repeat_interleave(n)
             logits, mask, pos = (x.repeat_interleave(n, dim=0) for x in (logits, mask, pos))
-        return cache, logits, mask, pos[:, -1:] + 1
+        return _HFState(self, cache, mask, pos[:, -1:] + 1, ids.shape[1]), logits
 
     def _decode(
         self, prompts: Batch, sp: SamplingParams, generator: torch.Generator
     ) -> tuple[Tensor, Tensor, Tensor, list[str]]:
         """(tokens, logprobs (b*n, T), lengths (b*n,), finish reasons) for `n` samples of each prompt."""
-        cache, logits, mask, pos = self._prefill(prompts, sp)
-        b, p, big_t = logits.shape[0], prompts["input_ids"].shape[1], sp.max_tokens
+        state, logits = self._start(prompts, sp)
+        b, big_t = logits.shape[0], sp.max_tokens
         tokens = torch.full((b, big_t), self.pad_id, dtype=torch.long, device=self.device)  # (b, T)
         logprobs = torch.zeros((b, big_t), dtype=torch.float32, device=self.device)
         lengths = torch.full((b,), big_t, dtype=torch.long)
@@ -364,16 +375,38 @@ class NativeEngine:
                 break
             if self._compacts and live.shape[0] - n_live > self.compact_fraction * live.shape[0]:
                 keep = live.nonzero().squeeze(1)  # drop the finished rows
-                cache.batch_select_indices(keep)
-                mask, pos, tok, where = mask[keep], pos[keep], tok[keep], where[keep]
+                state.select(keep)
+                tok, where = tok[keep], where[keep]
                 live = torch.ones(n_live, dtype=torch.bool, device=self.device)
             if self._on_step is not None:
                 self._on_step(step + 1)
-            mask[:, p + step] = 1  # the token fed now
-            step_mask = mask if self.kv_cache == "static" else mask[:, : p + step + 1]
-            logits = self._forward(self._step_fn, tok[:, None], step_mask, pos, cache, last=False)
-            pos = pos + 1
+            logits = state.step(tok)
         return tokens.cpu(), logprobs.cpu(), lengths, reasons
+
+
+class _HFState:
+    """The Hugging Face decode step's state: its cache, the attention mask (b, p + T) whose response
+    columns are switched on one step at a time, and each row's next position (b, 1)."""
+
+    def __init__(self, engine: NativeEngine, cache: Cache, mask: Tensor, pos: Tensor, p: int) -> None:
+        self.engine, self.cache, self.mask, self.pos, self.fed = engine, cache, mask, pos, p
+
+    def step(self, tokens: Tensor) -> Tensor:
+        """Feed `tokens` (a,): the logits (a, v) of the token after each."""
+        self.mask[:, self.fed] = 1  # the token fed now
+        self.fed += 1
+        engine = self.engine
+        step_mask = self.mask if engine.kv_cache == "static" else self.mask[:, : self.fed]
+        logits = engine._forward(
+            engine._step_fn, tokens[:, None], step_mask, self.pos, self.cache, last=False
+        )
+        self.pos = self.pos + 1
+        return logits
+
+    def select(self, keep: Tensor) -> None:
+        """Keep rows `keep` of the batch."""
+        self.cache.batch_select_indices(keep)
+        self.mask, self.pos = self.mask[keep], self.pos[keep]
 
 
 class _StopStrings:

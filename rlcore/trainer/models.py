@@ -80,7 +80,9 @@ def build_engine(cfg: Config, model: Any, tokenizer: Any, dist: Any, mesh: Any) 
 
         if mesh is not None:
             model, _ = build_engine_copy(cfg, dist)
-        engine = NativeEngine(model, tokenizer, device=dist.device, generator_seed=cfg.trainer.seed)
+        engine = NativeEngine(
+            model, tokenizer, device=dist.device, generator_seed=cfg.trainer.seed, compile=cfg.rollout.compile
+        )
     if cfg.rollout.max_turns > 1:  # multi-turn: the agent loop with the built-in tools over the engine
         from rlcore.rollout.agent import AgentEngine
 

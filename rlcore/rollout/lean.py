@@ -1,0 +1,289 @@
+"""A lean decode step for the Llama family: one token per row in plain torch over the module's own weights.
+
+    decoder = lean_decoder(model)        # None for an architecture or config it does not cover
+    state = decoder.start(cache, prompt_mask, positions, repeats, max_tokens)   # after an HF prefill
+    logits = state.step(tokens)           # (a,) -> (a, v); the KV cache grows by one position
+    state.select(keep)                    # drop finished rows
+
+Why: a Hugging Face decode step is ~30 module calls per layer plus mask and cache bookkeeping rebuilt
+every step; with few live rows (the long tail of a rollout) that overhead is all the step costs. This
+step is the same arithmetic with nothing around it:
+- the weights are the module's own tensors, read when `start` is called (no copies, so an optimizer
+  step or `load_weights` between calls, or between steps, is seen);
+- the KV cache is one preallocated tensor `(layers, 2, rows, kv_heads, capacity, head_dim)`; a step
+  attends over the cached positions plus the new token's own key (a softmax over both), then writes
+  every layer's new key and value in one copy;
+- positions and the padding mask are built once: the rotary cos/sin table comes from the model's own
+  `rotary_emb` at positions 0..capacity-1 and is indexed by each row's position; prompt padding is an
+  additive -inf bias over the cached positions, response positions are always visible;
+- the step function is pure (`lean_step`: weights and tensors in, logits and new keys out), so
+  `torch.compile` can take it whole (`compile=True`: CPU inductor, dynamic rows and length).
+
+Covered (`LEAN_MODEL_TYPES`): Llama, Qwen2, Qwen3 (q/k RMSNorm), Mistral, as `from_pretrained` builds
+them (`<Type>ForCausalLM` with `.model.layers` and `.lm_head`), every layer full attention, a rotary
+type that does not depend on the sequence length (default, linear, llama3, yarn); `lean_decoder`
+returns None otherwise and the engine keeps the Hugging Face step. The logits equal the Hugging Face
+forward's to float32 rounding (tests/test_lean_decode.py: <= 1e-5 at every step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+LEAN_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
+"""`config.model_type`s whose decoder layers the lean step reproduces."""
+
+STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
+"""Rotary types whose cos/sin at a position do not depend on the sequence length."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LeanShape:
+    """The static part of a lean step: sizes, epsilons and the activation."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    scaling: float
+    eps: float
+    qk_eps: float | None
+    """Epsilon of Qwen3's per-head q/k RMSNorm; None when the model has none."""
+    act: Callable[[Tensor], Tensor]
+
+
+Layer = tuple[Tensor | None, ...]
+"""One decoder layer's tensors, in `_LAYER_FIELDS` order (None where a bias or norm is absent)."""
+
+_LAYER_FIELDS = (
+    "input_layernorm.weight",
+    "self_attn.q_proj.weight",
+    "self_attn.q_proj.bias",
+    "self_attn.k_proj.weight",
+    "self_attn.k_proj.bias",
+    "self_attn.v_proj.weight",
+    "self_attn.v_proj.bias",
+    "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight",
+    "self_attn.o_proj.weight",
+    "self_attn.o_proj.bias",
+    "post_attention_layernorm.weight",
+    "mlp.gate_proj.weight",
+    "mlp.gate_proj.bias",
+    "mlp.up_proj.weight",
+    "mlp.up_proj.bias",
+    "mlp.down_proj.weight",
+    "mlp.down_proj.bias",
+)
+
+
+def unsupported(model: torch.nn.Module) -> str | None:
+    """Why the lean step cannot run `model` (one phrase), or None when it can."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in LEAN_MODEL_TYPES:
+        return f"model_type {model_type!r} is not one of {sorted(LEAN_MODEL_TYPES)}"
+    base, head = getattr(model, "model", None), getattr(model, "lm_head", None)
+    if base is None or head is None or not hasattr(base, "layers") or not hasattr(base, "rotary_emb"):
+        return f"{type(model).__name__} is not a <Type>ForCausalLM with .model.layers and .lm_head"
+    layer_types = getattr(config, "layer_types", None) or ()
+    if any(t != "full_attention" for t in layer_types) or (
+        not layer_types and getattr(config, "sliding_window", None) is not None
+    ):
+        return "not every layer is full attention"
+    rope_type = getattr(base.rotary_emb, "rope_type", "default")
+    if rope_type not in STATIC_ROPE_TYPES:
+        return f"rope type {rope_type!r} depends on the sequence length"
+    act = base.layers[0].mlp.act_fn if len(base.layers) else None
+    if not callable(act):
+        return "the MLP has no act_fn"
+    return None
+
+
+def lean_decoder(model: torch.nn.Module, *, compile: bool = False) -> LeanDecoder | None:
+    """The lean decoder of `model`, or None when `unsupported(model)` says why not."""
+    return None if unsupported(model) is not None else LeanDecoder(model, compile=compile)
+
+
+def _shape(model: torch.nn.Module) -> LeanShape:
+    attn = model.model.layers[0].self_attn
+    config = model.config
+    act = model.model.layers[0].mlp.act_fn
+    q_norm = getattr(attn, "q_norm", None)
+    return LeanShape(
+        heads=config.num_attention_heads,
+        kv_heads=config.num_key_value_heads,
+        head_dim=attn.head_dim,
+        scaling=float(attn.scaling),
+        eps=float(config.rms_norm_eps),
+        qk_eps=None if q_norm is None else float(q_norm.variance_epsilon),
+        act=F.silu if isinstance(act, torch.nn.SiLU) else act,
+    )
+
+
+def _layer(module: torch.nn.Module) -> Layer:
+    out: list[Tensor | None] = []
+    for field in _LAYER_FIELDS:
+        obj: Any = module
+        for part in field.split("."):
+            obj = getattr(obj, part, None)
+        out.append(obj)
+    return tuple(out)
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def lean_step(
+    shape: LeanShape,
+    embed: Tensor,
+    layers: tuple[Layer, ...],
+    norm: Tensor,
+    head: Tensor,
+    tokens: Tensor,
+    rope: Tensor,
+    bias: Tensor,
+    kv: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """One decode step: (logits (a, v), new keys and values (layers, 2, a, kv_heads, head_dim)).
+
+    tokens (a,) long: the token fed to each row; rope (a, 2, head_dim): cos and sin at each row's
+    position; bias (a, L): 0 or -inf over the L cached positions (prompt padding); kv (layers, 2, a,
+    kv_heads, L, head_dim): the cache. Pure: nothing is written.
+    """
+    a, width = tokens.shape[0], embed.shape[1]
+    x = F.embedding(tokens, embed)  # (a, width)
+    cos, sin = rope[:, None, 0], rope[:, None, 1]  # (a, 1, d)
+    news = []
+    for i, (n1, wq, bq, wk, bk, wv, bv, qn, kn, wo, bo, n2, wg, bg, wu, bu, wd, bd) in enumerate(layers):
+        h = F.rms_norm(x, (width,), n1, shape.eps)
+        q = F.linear(h, wq, bq).view(a, shape.heads, shape.head_dim)
+        k = F.linear(h, wk, bk).view(a, shape.kv_heads, shape.head_dim)
+        v = F.linear(h, wv, bv).view(a, shape.kv_heads, shape.head_dim)
+        if qn is not None and kn is not None and shape.qk_eps is not None:
+            q = F.rms_norm(q, (shape.head_dim,), qn, shape.qk_eps)
+            k = F.rms_norm(k, (shape.head_dim,), kn, shape.qk_eps)
+        qk = torch.cat((q, k), dim=1)  # (a, heads + kv_heads, d)
+        qk = qk * cos + _rotate_half(qk) * sin
+        q, k = qk[:, : shape.heads], qk[:, shape.heads :]
+        x = x + F.linear(_attend(shape, q, k, v, kv[i, 0], kv[i, 1], bias), wo, bo)
+        h = F.rms_norm(x, (width,), n2, shape.eps)
+        x = x + F.linear(shape.act(F.linear(h, wg, bg)) * F.linear(h, wu, bu), wd, bd)
+        news.append(torch.stack((k, v)))  # (2, a, kv_heads, d)
+    x = F.rms_norm(x, (width,), norm, shape.eps)
+    return F.linear(x, head), torch.stack(news)
+
+
+def _attend(
+    shape: LeanShape, q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Tensor, bias: Tensor
+) -> Tensor:
+    """Attention of one query per row over the cached keys and its own: (a, heads * d).
+
+    q (a, heads, d); k, v (a, kv_heads, d) of the new token; keys, values (a, kv_heads, L, d);
+    query heads are grouped over their kv head (GQA) without repeating the cache."""
+    a, g, d = q.shape[0], shape.heads // shape.kv_heads, shape.head_dim
+    q4 = q.reshape(a, shape.kv_heads, g, d) * shape.scaling  # (a, kvh, g, d)
+    cached = torch.matmul(q4, keys.transpose(-1, -2)) + bias[:, None, None, :]  # (a, kvh, g, L)
+    own = (q4 * k[:, :, None, :]).sum(-1, keepdim=True)  # (a, kvh, g, 1)
+    p = torch.softmax(torch.cat((cached, own), dim=-1), dim=-1, dtype=torch.float32).to(q.dtype)
+    out = torch.matmul(p[..., :-1], values) + p[..., -1:] * v[:, :, None, :]  # (a, kvh, g, d)
+    return out.reshape(a, shape.heads * d)
+
+
+class LeanDecoder:
+    """The lean step bound to one model (its tensors are read at each `start`)."""
+
+    def __init__(self, model: torch.nn.Module, *, compile: bool = False) -> None:
+        self.model = model
+        self.shape = _shape(model)
+        self.step_fn: Callable[..., tuple[Tensor, Tensor]] = (
+            torch.compile(lean_step, dynamic=True) if compile else lean_step
+        )
+
+    def start(
+        self, cache: Any, prompt_mask: Tensor, positions: Tensor, repeats: int, max_tokens: int
+    ) -> LeanState:
+        """The decoding state after an HF prefill into `cache` (layers holding `key_buffer`/`value_buffer`
+        of the b prompts, `length` positions): each prompt's rows repeated `repeats` times.
+
+        prompt_mask (b, p) 0/1; positions (b, 1): each prompt's next position."""
+        layers = cache.layers
+        p = layers[0].length
+        b, kvh, _, d = layers[0].key_buffer.shape
+        kv = layers[0].key_buffer.new_empty((len(layers), 2, b * repeats, kvh, p + max_tokens, d))
+        for i, layer in enumerate(layers):
+            for j, buffer in enumerate((layer.key_buffer, layer.value_buffer)):
+                kv[i, j, :, :, :p] = buffer[:, :, :p].repeat_interleave(repeats, dim=0)
+            layer.reset()  # free the prefill's buffers
+        bias = torch.zeros((b, p + max_tokens), dtype=kv.dtype, device=kv.device)
+        bias[:, :p].masked_fill_(prompt_mask == 0, float("-inf"))
+        top = int(positions.max()) + max_tokens + 1
+        table = self._rope_table(top, kv)  # (top, 2, d)
+        base = self.model.model
+        weights = (
+            base.embed_tokens.weight,
+            tuple(_layer(layer) for layer in base.layers),
+            base.norm.weight,
+            self.model.lm_head.weight,
+        )
+        return LeanState(
+            self,
+            weights,
+            kv,
+            bias.repeat_interleave(repeats, dim=0),
+            positions.reshape(-1).repeat_interleave(repeats),
+            table,
+            p,
+        )
+
+    def _rope_table(self, top: int, like: Tensor) -> Tensor:
+        """(top, 2, d): the model's rotary cos and sin at positions 0..top-1."""
+        positions = torch.arange(top, device=like.device)[None]  # (1, top)
+        cos, sin = self.model.model.rotary_emb(like, position_ids=positions)  # (1, top, d) each
+        return torch.stack((cos[0], sin[0]), dim=1)
+
+
+class LeanState:
+    """One `generate` call's decoding state: the KV cache, padding bias, positions and length."""
+
+    def __init__(
+        self,
+        decoder: LeanDecoder,
+        weights: tuple[Any, ...],
+        kv: Tensor,
+        bias: Tensor,
+        positions: Tensor,
+        table: Tensor,
+        length: int,
+    ) -> None:
+        self.decoder, self.weights = decoder, weights
+        self.kv, self.bias, self.positions, self.table, self.length = kv, bias, positions, table, length
+
+    def step(self, tokens: Tensor) -> Tensor:
+        """Feed `tokens` (a,) at each row's next position: the logits (a, v) of the token after it."""
+        n = self.length
+        logits, new = self.decoder.step_fn(
+            self.decoder.shape,
+            *self.weights,
+            tokens,
+            self.table[self.positions],
+            self.bias[:, :n],
+            self.kv[:, :, :, :, :n],
+        )
+        self.kv[:, :, :, :, n] = new
+        self.length, self.positions = n + 1, self.positions + 1
+        return logits
+
+    def select(self, keep: Tensor) -> None:
+        """Keep rows `keep` (a') of the batch (copies the filled positions only)."""
+        n = self.length
+        kv = self.kv.new_empty((*self.kv.shape[:2], keep.shape[0], *self.kv.shape[3:]))
+        kv[:, :, :, :, :n] = self.kv[:, :, keep, :, :n]
+        self.kv, self.bias, self.positions = kv, self.bias[keep], self.positions[keep]

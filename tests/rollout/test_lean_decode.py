@@ -1,0 +1,214 @@
+"""The lean decode step (rlcore.rollout.lean) against the Hugging Face forward, per architecture."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+from transformers.cache_utils import Cache
+
+from rlcore.batch import Batch
+from rlcore.models import load_policy
+from rlcore.rollout import NativeEngine, SamplingParams
+from rlcore.rollout.lean import lean_decoder, unsupported
+from rlcore.rollout.native import PreallocatedLayer
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny ops, shared cores
+
+VOCAB = 97
+SMALL = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+         "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}  # fmt: skip
+
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}  # fmt: skip
+
+ARCHS = {
+    "llama": lambda: LlamaForCausalLM(LlamaConfig(**SMALL, tie_word_embeddings=False)),
+    "llama-tied-mlp-bias-llama3-rope": lambda: LlamaForCausalLM(
+        LlamaConfig(
+            **SMALL, tie_word_embeddings=True, mlp_bias=True, attention_bias=True, rope_scaling=LLAMA3
+        )
+    ),
+    "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**SMALL)),
+    "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**SMALL, head_dim=24)),  # head_dim != width / heads
+    "mistral": lambda: MistralForCausalLM(MistralConfig(**SMALL, sliding_window=None)),
+}
+
+
+def build(arch: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = ARCHS[arch]().eval()
+        with torch.no_grad():  # larger weights than the 0.02 init: logits that differ between tokens
+            for p in model.parameters():
+                if p.dim() == 2:
+                    p.normal_(0, 0.15)
+    return model.to(dtype)
+
+
+def padded_prompts(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-padded random prompts: (ids, attention mask, positions), each (b, max length)."""
+    g = torch.Generator().manual_seed(seed)
+    p = max(lengths)
+    ids = torch.randint(3, VOCAB, (len(lengths), p), generator=g)
+    mask = (torch.arange(p)[None] >= p - torch.tensor(lengths)[:, None]).long()
+    ids = ids.masked_fill(mask == 0, 0)
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def hf_logits(model, ids, mask, pos) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_lean_step_logits_equal_the_hugging_face_forward(arch):
+    """Teacher-forced: prefill left-padded prompts, repeat each twice, feed 12 tokens (dropping rows
+    after step 5); every step's logits equal a full forward over prompt + tokens (1e-5)."""
+    model = build(arch)
+    assert unsupported(model) is None
+    ids, mask, pos = padded_prompts([5, 9, 2])
+    repeats, steps = 2, 12
+    cache = Cache(layer_class_to_replicate=functools.partial(PreallocatedLayer, ids.shape[1]))
+    with torch.no_grad():
+        first = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache).logits[
+            :, -1
+        ]
+        state = lean_decoder(model).start(cache, mask, pos[:, -1:] + 1, repeats, steps)
+    rows = torch.arange(ids.shape[0] * repeats) // repeats  # prompt of each row
+    fed = torch.randint(3, VOCAB, (len(rows), steps), generator=torch.Generator().manual_seed(1))
+    full_ids = torch.cat([ids[rows], fed], dim=1)
+    full_mask = torch.cat([mask[rows], torch.ones_like(fed)], dim=1)
+    full_pos = (full_mask.cumsum(-1) - 1).clamp(min=0)
+    reference = hf_logits(model, full_ids, full_mask, full_pos)  # (b*n, p + steps, v)
+    p = ids.shape[1]
+    torch.testing.assert_close(first.repeat_interleave(repeats, 0), reference[:, p - 1], rtol=0, atol=1e-5)
+    live = torch.arange(len(rows))
+    with torch.no_grad():
+        for j in range(steps):
+            if j == 5:
+                live = torch.tensor([0, 3, 4])
+                state.select(live)
+            logits = state.step(fed[live, j])
+            torch.testing.assert_close(logits, reference[live, p + j], rtol=0, atol=1e-5)
+
+
+def prompt_batch(lengths: list[int]) -> Batch:
+    ids, mask, pos = padded_prompts(lengths, seed=4)
+    return Batch(
+        {"input_ids": ids, "attention_mask": mask, "position_ids": pos},
+        meta={"uid": [f"u{i}" for i in range(len(lengths))]},
+    )
+
+
+class Tok:
+    """The engine's tokenizer needs: pad and EOS ids (no stop strings here)."""
+
+    pad_token_id, eos_token_id = 0, 2
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_engine_samples_the_same_tokens_and_logprobs_as_the_hugging_face_step(arch):
+    model = build(arch)
+    batch = prompt_batch([4, 7, 3, 7])
+    sp = SamplingParams(n=3, max_tokens=20, temperature=1.0, seed=5, stop_token_ids=tuple(range(3, 12)))
+    lean_engine = NativeEngine(model, Tok())
+    assert lean_engine._lean is not None
+    lean = lean_engine.generate(batch, sp)
+    hf = NativeEngine(model, Tok(), lean=False).generate(batch, sp)
+    lengths = lean["response_mask"].sum(-1)
+    assert len(set(lengths.tolist())) >= 3  # rows ended at different steps: the batch was compacted
+    assert torch.equal(lean["responses"], hf["responses"])
+    assert lean["finish_reason"] == hf["finish_reason"]
+    torch.testing.assert_close(lean["rollout_logprobs"], hf["rollout_logprobs"], rtol=0, atol=1e-5)
+    # the rollout/trainer gap: teacher-forced log-probs of the sampled tokens
+    full_ids = torch.cat([lean["input_ids"], lean["responses"]], dim=1)
+    full_mask = torch.cat([lean["attention_mask"], lean["response_attention"].long()], dim=1)
+    logits = hf_logits(model, full_ids, full_mask, (full_mask.cumsum(-1) - 1).clamp(min=0))
+    p = lean["input_ids"].shape[1]
+    teacher = torch.log_softmax(logits[:, p - 1 : -1].float(), -1).gather(-1, lean["responses"][..., None])[
+        ..., 0
+    ]
+    gap = (teacher - lean["rollout_logprobs"]).abs()[lean["response_mask"].bool()]
+    assert gap.max() <= 1e-5, gap.max()
+
+
+def test_bf16_lean_step_follows_the_hugging_face_forward():
+    model = build("qwen2", torch.bfloat16)
+    batch = prompt_batch([4, 7])
+    sp = SamplingParams(n=2, max_tokens=8, temperature=0.0)
+    lean = NativeEngine(model, Tok()).generate(batch, sp)
+    hf = NativeEngine(model, Tok(), lean=False).generate(batch, sp)
+    agree = (lean["responses"] == hf["responses"]).float().mean()
+    assert agree >= 0.9, agree  # bf16 rounding may flip a near-tie; the first tokens agree
+    assert torch.equal(lean["responses"][:, 0], hf["responses"][:, 0])
+
+
+def test_weights_are_read_live_after_in_place_updates_and_mid_generate_loads():
+    """No copy of the weights: an optimizer-like in-place change between calls, and `load_weights`
+    from the per-step hook (partial rollouts), decode exactly as the Hugging Face step does."""
+    other = build("llama")
+    with torch.no_grad():
+        for p in other.parameters():
+            p.mul_(1.3)
+    batch = prompt_batch([5, 3])
+    sp = SamplingParams(n=2, max_tokens=12, temperature=1.0, seed=2)
+    engines = {lean: NativeEngine(build("llama"), Tok(), lean=lean) for lean in (True, False)}
+    outs = {}
+    for lean, engine in engines.items():
+        engine.generate(batch, sp)  # a call before the change
+        with torch.no_grad():
+            for p in engine.model.parameters():
+                p.mul_(0.9)
+        first = engine.generate(batch, sp)
+        hook = functools.partial(
+            lambda e, j: e.load_weights(other.named_parameters()) if j == 4 else None, engine
+        )
+        with engine.each_step(hook):
+            second = engine.generate(batch, sp)
+        outs[lean] = (first, second)
+    for a, b in zip(outs[True], outs[False], strict=True):
+        assert torch.equal(a["responses"], b["responses"])
+        torch.testing.assert_close(a["rollout_logprobs"], b["rollout_logprobs"], rtol=0, atol=1e-5)
+    assert not torch.equal(outs[True][0]["responses"], outs[True][1]["responses"])
+
+
+def test_other_architectures_and_configs_keep_the_hugging_face_step():
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2, n_positions=64))
+    assert "model_type 'gpt2'" in unsupported(gpt2)
+    assert NativeEngine(gpt2, Tok())._lean is None
+    windowed = MistralForCausalLM(MistralConfig(**SMALL, sliding_window=8))
+    assert unsupported(windowed) == "not every layer is full attention"
+    dynamic = LlamaForCausalLM(LlamaConfig(**SMALL, rope_scaling={"rope_type": "dynamic", "factor": 2.0}))
+    assert "depends on the sequence length" in unsupported(dynamic)
+    assert NativeEngine(dynamic, Tok())._lean is None
+    tiny, tokenizer = load_policy("builtin:tiny")
+    assert NativeEngine(tiny, tokenizer)._lean is not None  # the built-in models are Llamas
+    assert NativeEngine(tiny, tokenizer, kv_cache="dynamic")._lean is None  # the ablation keeps HF's step
+
+
+def test_compiled_lean_step_samples_as_the_eager_one():
+    """torch.compile of the lean step (CPU inductor, dynamic rows and length: compiled once for the
+    call, rows dropped as they finish) decodes the same tokens and log-probs (~40 s of compiling)."""
+    model = build("qwen3")
+    batch = prompt_batch([4, 7, 3, 7])
+    sp = SamplingParams(n=2, max_tokens=16, temperature=1.0, seed=7, stop_token_ids=tuple(range(3, 12)))
+    eager = NativeEngine(model, Tok()).generate(batch, sp)
+    compiled = NativeEngine(model, Tok(), compile=True).generate(batch, sp)
+    assert len(set(eager["response_mask"].sum(-1).tolist())) >= 3
+    assert torch.equal(compiled["responses"], eager["responses"])
+    torch.testing.assert_close(compiled["rollout_logprobs"], eager["rollout_logprobs"], rtol=0, atol=1e-5)
