@@ -3,6 +3,8 @@
     bash experiments/vs_trl/setup.sh                                   # the TRL venv (once)
     .venv/bin/python experiments/vs_trl/run.py        # K=30 steps x 3 seeds x 2 runs x 2 trainers, ~13 min
     .venv/bin/python experiments/vs_trl/run.py --steps 2 --seeds 0 --repeats 1     # a smoke run, ~30 s
+    .venv/bin/python experiments/vs_trl/run.py --model longtail --max-tokens 128 --prompts 16 \
+        --steps 10 --seeds 0 --repeats 2 --work /tmp/vstrl-lt        # the long-tailed variant (issue 17)
 
 Shared inputs, prepared once under --work: the model directory (`builtin:tiny-reverse` saved with its
 tokenizer and chat template), a verl-format parquet of `builtin:reverse` train rows, which rlcore reads
@@ -47,6 +49,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))  # experiments/: bench_async's long-tailed model
 
 from reward import compute_score  # noqa: E402
 
@@ -61,7 +64,11 @@ def prepare(
 ) -> tuple[Path, Path, list[dict]]:
     """The shared model directory (of `model`, once per --work) and train parquet; the validation rows."""
     model_dir, train_file = work / "model", work / "reverse_train.parquet"
-    if not (model_dir / "config.json").is_file():
+    if model == "longtail" and not (model_dir / "config.json").is_file():
+        from bench_async import long_tailed_model  # experiments/bench_async.py
+
+        long_tailed_model(model_dir)
+    elif not (model_dir / "config.json").is_file():
         model, tokenizer = load_policy(model)
         model.save_pretrained(model_dir)
         tokenizer.save_pretrained(model_dir)
@@ -230,10 +237,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--model", default="builtin:tiny-reverse",
-        help="the starting model (builtin:tiny, random init, rarely stops: responses run to --max-tokens)",
+        help="the starting model (builtin:tiny, random init, rarely stops: responses run to --max-tokens; "
+             "longtail: bench_async's long-tailed Llama, geometric lengths of mean ~17)",
     )  # fmt: skip
+    parser.add_argument("--prompts", type=int, default=SETTINGS["prompts"], help="prompts per step")
     args = parser.parse_args()
-    SETTINGS["max_tokens"] = args.max_tokens
+    SETTINGS["max_tokens"], SETTINGS["prompts"] = args.max_tokens, args.prompts
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)

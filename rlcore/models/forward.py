@@ -20,8 +20,8 @@ indices, so the caller sees the original order. Packed varlen sequences (flash-a
 implemented: trimming works with every attention implementation, CPU included.
 
 Shared prompts (`share_prompts`, see `rlcore.models.shared_prompt`): where the rows of a micro-batch
-repeat a prompt (GRPO's n samples), the forward can run one packed sequence per prompt, the prompt
-computed once, with a 4D mask (sdpa or eager attention); `response_logits` gathers each row's
+repeat a prompt (GRPO's n samples), the forward can run bin-packed rows of [prompt | its responses]
+blocks, each prompt computed once per packed row that holds its responses, with a 4D mask (sdpa or eager attention); `response_logits` gathers each row's
 logits back, so callers see (m, r, v) either way.
 
 Memory: logits exist for one micro-batch at a time, in the model's dtype, response positions only
@@ -40,7 +40,7 @@ from torch.utils.checkpoint import checkpoint
 from rlcore.batch import Batch
 from rlcore.dist.fsdp import model_mesh
 from rlcore.dist.reduce import all_reduce_int
-from rlcore.models.shared_prompt import pack_rows, packed_shape, prompt_groups, worth_packing
+from rlcore.models.shared_prompt import choose_plan, pack_plan, prompt_groups, worth_packing
 from rlcore.pure.logprobs import token_logprobs
 from rlcore.pure.losses import entropy as _entropy
 
@@ -127,19 +127,19 @@ def model_inputs(model: nn.Module, batch: Batch, *, share_prompts: bool = True) 
     """
     hidden = _packable_hidden(model) if share_prompts else None
     ids_p, attn_p, responses, attn_r = _trimmed(batch)
-    if hidden is not None and len(batch) > 1 and attn_p[:, -1].all():
+    left_padded = bool((attn_p[:, 1:] >= attn_p[:, :-1]).all()) and bool(attn_p[:, -1].all())
+    if hidden is not None and len(batch) > 1 and left_padded:
         group = prompt_groups(ids_p, attn_p)
-        count, width = packed_shape(group, attn_r, ids_p.shape[1])
-        if (
-            count < len(batch)
-            and width <= _window(model)
-            and worth_packing(len(batch), ids_p.shape[1] + attn_r.shape[1], count, width, hidden)
-        ):
-            ids, allowed, pos, gather = pack_rows(ids_p, attn_p, responses, attn_r, group, (count, width))
-            return ModelInputs(
-                input_ids=ids, attention_mask=allowed, position_ids=pos, labels=responses,
-                gather=gather, keep=width - ids_p.shape[1] + 1,
-            )  # fmt: skip
+        if int(group.max()) + 1 < len(batch):
+            prompt_len = attn_p.sum(dim=1).tolist()
+            plan, width = choose_plan(prompt_len, attn_r.sum(dim=1).tolist(), group.tolist(), hidden)
+            row_width = ids_p.shape[1] + attn_r.shape[1]
+            if width <= _window(model) and worth_packing(len(batch), row_width, len(plan), width, hidden):
+                ids, allowed, pos, gather = pack_plan(ids_p, attn_p, responses, attn_r, plan, width)
+                return ModelInputs(
+                    input_ids=ids, attention_mask=allowed, position_ids=pos, labels=responses,
+                    gather=gather, keep=width,
+                )  # fmt: skip
     return _row_inputs(ids_p, attn_p, responses, attn_r)
 
 

@@ -1,27 +1,36 @@
 """Shared-prompt packing: each prompt is computed once for all of its samples in a training forward.
 
 GRPO-style batches hold n samples of every prompt. A plain forward computes the prompt n times; a
-packed forward lays out one sequence per distinct prompt,
+packed forward lays out blocks, one per prompt copy, side by side in packed rows,
 
-    [pad.. prompt | response 1 | response 2 | ... | response n | pad..]
+    [prompt a | response a1 | response a2 | ... | prompt b | response b1 | ... | pad..]
 
-with a 4D attention mask in which the prompt is causal, each response sees the prompt and its own
-earlier tokens only, and position ids restart after the prompt for every response. Each response
-token then sees exactly what it sees in its own row, so its log-prob is the same function of the
-weights (the gradient too: the prompt's share is summed over the n samples by autograd instead of
-being computed n times). Rows sharing a prompt are found by comparing prompt tokens, so any batch
-works; a micro-batch in which no prompt repeats stays unpacked.
+with a 4D attention mask in which a block's prompt is causal, each response sees its block's prompt
+and its own earlier tokens only, and position ids restart after the prompt for every response. Each
+response token then sees exactly what it sees in its own row, so its log-prob is the same function
+of the weights (the gradient too: the prompt's share is summed over its samples by autograd instead
+of being computed once per sample). Rows sharing a prompt are found by comparing prompt tokens, so
+any batch works; a micro-batch in which no prompt repeats stays unpacked.
 
-A packed row is longer than any single row, and attention kernels with a dense mask compute every
-(query, key) pair, so packing costs more attention and less of everything else. `worth_packing`
-compares the two with a FLOP model (per token ~24 h^2 in the layers' matmuls, per query-key pair
-~4 h; h = hidden size): short responses after a long shared prompt pack, long responses stay rows.
+Rows are bin-packed (`plan_rows`, best-fit decreasing up to a capacity): with long-tailed response
+lengths one row per prompt would pad every prompt's row to the prompt with the most response tokens,
+so a prompt's responses may spread over several packed rows (a copy of the prompt in each) and
+several prompts may share one. Attention kernels with a dense mask compute every (query, key) pair
+of a packed row, so wider rows cost more attention and fewer prompt copies; `choose_plan` picks the
+capacity by a cost model (`layout_cost`: per token ~24 h^2 in the layers' matmuls, per query-key
+pair ~4 h at a 2.5x lower rate; h = hidden size) and `worth_packing` compares the result with the
+plain rows: short responses after a long shared prompt pack, long responses stay rows.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+PAIR_COST = 2.5 / 6.0
+"""One query-key pair of dense attention relative to one token's layer matmuls, per unit of hidden
+size: ~4 h FLOPs against ~24 h^2, times 2.5 because masked attention ran ~2.5x below the matmul rate
+(CPU sdpa with a dense mask, issue 17's profile)."""
 
 
 def prompt_groups(input_ids: Tensor, attention_mask: Tensor) -> Tensor:
@@ -31,82 +40,136 @@ def prompt_groups(input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     return inverse
 
 
-def _group_offsets(group: Tensor, lengths: Tensor, count: int) -> Tensor:
-    """(m,) where each row's response starts inside its group's packed responses (rows in order)."""
-    order = torch.argsort(group, stable=True)
-    sorted_len = lengths[order]
-    before = torch.cumsum(sorted_len, dim=0) - sorted_len  # exclusive prefix sum in group order
-    sizes = torch.bincount(group, minlength=count)
-    first = torch.cumsum(sizes, dim=0) - sizes  # (G,) first sorted position of each group
-    offsets = torch.empty_like(lengths)
-    offsets[order] = before - before[first][group[order]]
-    return offsets
+Block = tuple[int, list[int]]
+"""(group, the batch rows whose responses follow that group's prompt copy in one packed row)."""
 
 
-def packed_shape(group: Tensor, response_attention: Tensor, prompt_width: int) -> tuple[int, int]:
-    """(groups G, packed width L) of `pack_rows` for these rows."""
-    count = int(group.max().item()) + 1
-    lengths = response_attention.long().sum(dim=1)
-    totals = torch.zeros(count, dtype=torch.long, device=group.device).index_add_(0, group, lengths)
-    return count, prompt_width + int(totals.max().item())
+def plan_rows(
+    prompt_len: list[int], resp_len: list[int], group: list[int], capacity: int
+) -> list[list[Block]]:
+    """Packed rows of at most `capacity` tokens, best-fit decreasing: groups by total response length,
+    each group's responses longest first, each into the fullest row it fits (counting the group's
+    prompt when that row has no copy of it yet); a new row when none fits. `capacity` >= the longest
+    prompt + response."""
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(group):
+        members.setdefault(g, []).append(i)
+    order = sorted(members, key=lambda g: (-sum(resp_len[i] for i in members[g]), g))
+    rows: list[dict[int, list[int]]] = []
+    free: list[int] = []
+    for g in order:
+        for i in sorted(members[g], key=lambda i: (-resp_len[i], i)):
+            need = [resp_len[i] + (0 if g in row else prompt_len[i]) for row in rows]
+            fits = [r for r in range(len(rows)) if need[r] <= free[r]]
+            if fits:
+                r = min(fits, key=lambda r: (free[r] - need[r], r))
+            else:
+                rows.append({})
+                free.append(capacity)
+                r, need = len(rows) - 1, [*need, resp_len[i] + prompt_len[i]]
+            rows[r].setdefault(g, []).append(i)
+            free[r] -= need[r]
+    return [list(row.items()) for row in rows]
 
 
-def pack_rows(
+def plan_width(plan: list[list[Block]], prompt_len: list[int], resp_len: list[int]) -> int:
+    """The longest packed row of `plan`, in tokens."""
+    return max(sum(prompt_len[rows[0]] + sum(resp_len[i] for i in rows) for _, rows in row) for row in plan)
+
+
+def choose_plan(
+    prompt_len: list[int], resp_len: list[int], group: list[int], hidden: int
+) -> tuple[list[list[Block]], int]:
+    """(plan, width) of the cheapest capacity by `layout_cost`: from the longest prompt + response up
+    (x1.5 each time) to one row per group."""
+    per_group: dict[int, int] = {}
+    for i, g in enumerate(group):
+        per_group[g] = per_group.get(g, prompt_len[i]) + resp_len[i]
+    widest = max(per_group.values())
+    capacity = max(p + r for p, r in zip(prompt_len, resp_len, strict=True))
+    best: tuple[float, list[list[Block]], int] | None = None
+    while True:
+        plan = plan_rows(prompt_len, resp_len, group, capacity)
+        width = plan_width(plan, prompt_len, resp_len)
+        cost = layout_cost(len(plan), width, hidden)
+        if best is None or cost < best[0]:
+            best = (cost, plan, width)
+        if capacity >= widest:
+            return best[1], best[2]
+        capacity = min(widest, int(capacity * 1.5) + 1)
+
+
+def pack_plan(
     input_ids: Tensor,
     prompt_attention: Tensor,
     responses: Tensor,
     response_attention: Tensor,
-    group: Tensor,
-    shape: tuple[int, int],
+    plan: list[list[Block]],
+    width: int,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Pack trimmed rows into one sequence per group.
+    """Lay out `plan`'s packed rows: each block is [its group's prompt | its rows' responses], blocks
+    side by side, rows right-padded to `width`.
 
-    Arguments: left-padded prompts (m, p) with their attention, right-padded responses (m, r) with
-    theirs, `group` (m,) from `prompt_groups`, `shape` = `packed_shape(group, response_attention, p)`
-    (the caller has it already: it decides whether to pack). Returns (input_ids (G, L), attention (G, 1, L, L) bool,
-    position_ids (G, L), gather (m, r)): `gather` indexes the flattened logits of the packed columns
-    p - 1 .. L - 1 (`logits_to_keep = L - p + 1`): entry (i, c) is the position that predicts row i's
-    response token c (the last prompt token for the first one). Non-attended response columns point
-    at the last prompt token; their values mean nothing (the caller masks them).
+    Arguments: left-padded prompts (m, p) with their attention (the real tokens contiguous at the
+    right), right-padded responses (m, r) with theirs (the attended tokens, in order, are the
+    response). Returns (input_ids (R, W), attention (R, 1, W, W) bool, position_ids (R, W), gather
+    (m, r)): a token sees the earlier tokens of its block's prompt and of its own response; positions
+    restart after the prompt for every response. `gather` indexes the flattened (R * W) logits: entry
+    (i, c) is the column that predicts row i's response token c (the block's last prompt token for the
+    first one). Non-attended response columns point at that prompt token; their values mean nothing.
     """
     m, p = input_ids.shape
-    r = responses.shape[1]
-    count, width = shape
-    rows = torch.arange(m, device=group.device)
-    rep = torch.full((count,), m, dtype=torch.long, device=group.device).scatter_reduce(
-        0, group, rows, "amin"
-    )
+    device = input_ids.device
+    plen = prompt_attention.long().sum(dim=1)
     attn_r = response_attention.long()
-    offsets = _group_offsets(group, attn_r.sum(dim=1), count)  # (m,)
-    k = torch.cumsum(attn_r, dim=1) - 1  # (m, r) index of each attended token within its row
+    lengths, rlen = plen.tolist(), attn_r.sum(dim=1).tolist()
+    # per block: packed row, first column, representative row (its prompt); per response row: packed
+    # row, first column, the column of its block's last prompt token
+    blocks: list[tuple[int, int, int]] = []
+    rows_at = [(0, 0, 0)] * m
+    for packed, row in enumerate(plan):
+        col = 0
+        for _, members in row:
+            blocks.append((packed, col, members[0]))
+            col += lengths[members[0]]
+            end = col - 1  # the prompt's last token: predicts each member's first response token
+            for i in members:
+                rows_at[i] = (packed, col, end)
+                col += rlen[i]
+    b_row, b_col, b_rep = torch.tensor(blocks, dtype=torch.long, device=device).unbind(1)
+    r_row, r_col, r_end = torch.tensor(rows_at, dtype=torch.long, device=device).unbind(1)
+    b_len = plen[b_rep]  # (B,)
+    # prompt tokens: block b's k-th real prompt token is column p - len + k of its representative row
+    tok_b = torch.repeat_interleave(torch.arange(len(blocks), device=device), b_len)  # (P,)
+    k_p = torch.arange(tok_b.shape[0], device=device) - (torch.cumsum(b_len, 0) - b_len)[tok_b]
+    # response tokens: the attended ones, the k-th of row i at column r_col[i] + k
     used = attn_r != 0
-    cols = p + offsets[:, None] + k  # (m, r) packed column of each attended response token
-    g_of = group[:, None].expand(m, r)
-
-    ids = input_ids.new_zeros(count, width)
-    ids[:, :p] = input_ids[rep]
-    ids[g_of[used], cols[used]] = responses[used]
-    seg = torch.full((count, width), -1, dtype=torch.long, device=group.device)  # -1 pad, 0 prompt, i + 1
-    seg[:, :p] = torch.where(prompt_attention[rep] != 0, 0, -1)
-    seg[g_of[used], cols[used]] = (rows[:, None].expand(m, r) + 1)[used]
-    prompt_len = prompt_attention.long().sum(dim=1)  # (m,)
-    pos = torch.zeros(count, width, dtype=torch.long, device=group.device)
-    pos[:, :p] = (prompt_attention[rep].long().cumsum(dim=1) - 1).clamp(min=0)
-    pos[g_of[used], cols[used]] = (prompt_len[:, None] + k)[used]
-
-    q, kk = seg[:, :, None], seg[:, None, :]  # (G, L, 1), (G, 1, L)
-    causal = torch.ones(width, width, dtype=torch.bool, device=group.device).tril()
-    allowed = causal & (kk != -1) & ((kk == 0) | (kk == q))
-    allowed |= torch.eye(width, dtype=torch.bool, device=group.device)  # pads see themselves: no empty rows
-    prev = torch.where(k > 0, cols - 1, p - 1)  # the column predicting each token
-    local = torch.where(used, prev, p - 1) - (p - 1)  # within the kept logits
-    gather = g_of * (width - p + 1) + local  # (m, r)
-    return ids, allowed[:, None], pos, gather
+    k_r = torch.cumsum(attn_r, dim=1) - 1  # (m, r)
+    ri, kr = torch.arange(m, device=device)[:, None].expand_as(used)[used], k_r[used]
+    ids = input_ids.new_zeros(len(plan), width)
+    block = torch.full((len(plan), width), -1, dtype=torch.long, device=device)  # -1 pad, else block id
+    part = torch.zeros((len(plan), width), dtype=torch.long, device=device)  # 0 prompt, i + 1 response i
+    pos = torch.zeros((len(plan), width), dtype=torch.long, device=device)
+    at = (b_row[tok_b], b_col[tok_b] + k_p)
+    ids[at], block[at], pos[at] = input_ids[b_rep[tok_b], p - b_len[tok_b] + k_p], tok_b, k_p
+    at = (r_row[ri], r_col[ri] + kr)
+    r_block = block[r_row, r_end]  # (m,) the block of each row's prompt copy
+    ids[at], block[at], part[at], pos[at] = responses[used], r_block[ri], ri + 1, plen[ri] + kr
+    q_block, k_block = block[:, :, None], block[:, None, :]  # (R, W, 1), (R, 1, W)
+    q_part, k_part = part[:, :, None], part[:, None, :]
+    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+    allowed = causal & (k_block == q_block) & (k_block != -1) & ((k_part == 0) | (k_part == q_part))
+    allowed |= torch.eye(width, dtype=torch.bool, device=device)  # pads see themselves: no empty rows
+    predictor = torch.where(used & (k_r > 0), r_col[:, None] + k_r - 1, r_end[:, None])  # (m, r)
+    return ids, allowed[:, None], pos, r_row[:, None] * width + predictor
 
 
-def worth_packing(rows: int, row_width: int, groups: int, packed_width: int, hidden: int) -> bool:
+def layout_cost(rows: int, width: int, hidden: int) -> float:
+    """Estimated cost of a forward over `rows` x `width` tokens with dense attention, in units of one
+    token's layer matmuls (`PAIR_COST`)."""
+    return rows * width * (1.0 + width * PAIR_COST / max(1, hidden))
+
+
+def worth_packing(rows: int, row_width: int, packed_rows: int, packed_width: int, hidden: int) -> bool:
     """Whether the packed forward is estimated cheaper than the row forward (module docstring)."""
-    pair_cost = 1.0 / (6.0 * max(1, hidden))  # a query-key pair relative to a token's matmuls
-    plain = rows * row_width * (1.0 + row_width * pair_cost)
-    packed = groups * packed_width * (1.0 + packed_width * pair_cost)
-    return packed < plain
+    return layout_cost(packed_rows, packed_width, hidden) < layout_cost(rows, row_width, hidden)

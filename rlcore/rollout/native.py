@@ -360,10 +360,14 @@ class NativeEngine:
         n_live = b
         for step in range(big_t):
             tok, logp = sample(logits)  # (a,), (a,)
-            out_rows = where[live]
-            tokens[out_rows, step] = tok[live]
-            logprobs[out_rows, step] = logp[live]
-            done = torch.isin(tok, stop_ids) & live  # (a,)
+            if n_live == live.shape[0]:  # every row live (the usual case after a compaction)
+                tokens[where, step], logprobs[where, step] = tok, logp
+                done = torch.isin(tok, stop_ids)  # (a,)
+            else:
+                out_rows = where[live]
+                tokens[out_rows, step] = tok[live]
+                logprobs[out_rows, step] = logp[live]
+                done = torch.isin(tok, stop_ids) & live  # (a,)
             if strings:
                 done |= strings.hits(tokens, where, live, step)
             if bool(done.any()):
