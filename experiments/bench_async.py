@@ -4,7 +4,7 @@
     .venv/bin/python experiments/bench_async.py --steps 4 --rounds 1       # a smoke run
 
 The workload (issue 16's): 16 prompts x 8 samples of `builtin:reverse`, up to 128 new tokens, on a
-4-layer, 256-wide Llama (4.0M parameters, untied head) whose response lengths are long-tailed by
+4-layer, 256-wide Llama (2.96M parameters, untied head) whose response lengths are long-tailed by
 construction: one residual channel carries a constant (its embedding column is constant and no layer
 writes to it) and the head reads EOS from it, so every token ends the response with probability
 about 1/17 at the start — lengths are geometric: mean ~17, median ~12, the longest of the 128 ~100.

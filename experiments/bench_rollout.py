@@ -13,7 +13,7 @@ Workloads (`--workload`):
   layers, 8 query / 4 KV heads, SwiGLU 1536, 31.5M parameters, seeded random init) with the same
   103-token character tokenizer.
 - `longtail` (issue 17's): 16 `reverse` prompts x 8 samples, at most 128 new tokens, on bench_async's
-  long-tailed Llama (4 layers, width 256, 4.0M parameters): every token ends the response with
+  long-tailed Llama (4 layers, width 256, 2.96M parameters): every token ends the response with
   probability ~1/17, so lengths are geometric (mean ~17, the longest of the 128 ~100): most of the
   decode steps run the few rows of the tail.
 - `steps`: the cost of one decode step (sampling and bookkeeping included) with 128, 16, 4 and 1 live
@@ -337,7 +337,7 @@ def main() -> None:
         prompts = prompt_batch(tokenizer, n_prompts, "reverse").to(args.device)
         sampling = SamplingParams(n=n, max_tokens=max_tokens, temperature=1.0, seed=0)
         model = long_tailed().to(args.device)
-        engine_table("long-tailed llama-4m", model, tokenizer, prompts, sampling, engines, args.repeats, peak)
+        engine_table("long-tailed llama", model, tokenizer, prompts, sampling, engines, args.repeats, peak)
     else:
         n_prompts, n, max_tokens = (4, 2, 8) if args.quick else (32, 8, 64)
         sampling = SamplingParams(n=n, max_tokens=max_tokens, temperature=1.0, seed=0)

@@ -3,8 +3,8 @@
     bash experiments/vs_trl/setup.sh                                   # the TRL venv (once)
     .venv/bin/python experiments/vs_trl/run.py        # K=30 steps x 3 seeds x 2 runs x 2 trainers, ~13 min
     .venv/bin/python experiments/vs_trl/run.py --steps 2 --seeds 0 --repeats 1     # a smoke run, ~30 s
-    .venv/bin/python experiments/vs_trl/run.py --model longtail --max-tokens 128 --prompts 16 \
-        --steps 10 --seeds 0 --repeats 2 --work /tmp/vstrl-lt        # the long-tailed variant (issue 17)
+    .venv/bin/python experiments/vs_trl/run.py --model longtail --max-tokens 128 --prompts 16 --lr 1e-5 \
+        --steps 10 --seeds 0 --repeats 2 --threads 2 --work /tmp/vstrl-lt   # long-tailed lengths (issue 17)
 
 Shared inputs, prepared once under --work: the model directory (`builtin:tiny-reverse` saved with its
 tokenizer and chat template), a verl-format parquet of `builtin:reverse` train rows, which rlcore reads
@@ -241,8 +241,11 @@ def main() -> None:
              "longtail: bench_async's long-tailed Llama, geometric lengths of mean ~17)",
     )  # fmt: skip
     parser.add_argument("--prompts", type=int, default=SETTINGS["prompts"], help="prompts per step")
+    parser.add_argument(
+        "--lr", type=float, default=SETTINGS["lr"], help="1e-5 keeps the longtail lengths long-tailed"
+    )
     args = parser.parse_args()
-    SETTINGS["max_tokens"], SETTINGS["prompts"] = args.max_tokens, args.prompts
+    SETTINGS["max_tokens"], SETTINGS["prompts"], SETTINGS["lr"] = args.max_tokens, args.prompts, args.lr
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
