@@ -21,8 +21,9 @@ step is the same arithmetic with nothing around it:
 
 Covered (`LEAN_MODEL_TYPES`): Llama, Qwen2, Qwen3 (q/k RMSNorm), Mistral, as `from_pretrained` builds
 them (`<Type>ForCausalLM` with `.model.layers` and `.lm_head`), every layer full attention, a rotary
-type that does not depend on the sequence length (default, linear, llama3, yarn); `lean_decoder`
-returns None otherwise and the engine keeps the Hugging Face step. The logits equal the Hugging Face
+type that does not depend on the sequence length (default, linear, llama3, yarn), plain
+`torch.nn.Linear` projections and no forward hooks (a LoRA, quantized or hooked module computes more
+than its weight); `lean_decoder` returns None otherwise and the engine keeps the Hugging Face step. The logits equal the Hugging Face
 forward's to float32 rounding (tests/test_lean_decode.py: <= 1e-5 at every step).
 """
 
@@ -102,6 +103,32 @@ def unsupported(model: torch.nn.Module) -> str | None:
     act = base.layers[0].mlp.act_fn if len(base.layers) else None
     if not callable(act):
         return "the MLP has no act_fn"
+    return _plain_modules(model)
+
+
+def _plain_modules(model: torch.nn.Module) -> str | None:
+    """Why the step would not compute what the modules do (a wrapped or hooked projection, e.g. a LoRA
+    or quantized linear, whose forward is more than its weight), or None."""
+    base = model.model
+    linears = [model.lm_head] + [
+        getattr(getattr(layer, part), name)
+        for layer in base.layers
+        for part, names in (("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")), ("mlp", ("gate_proj", "up_proj", "down_proj")))
+        for name in names
+    ]  # fmt: skip
+    norms = [base.norm] + [
+        n for layer in base.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)
+    ]
+    for module in [*linears, *norms, base.embed_tokens, *base.layers]:
+        if module._forward_hooks or module._forward_pre_hooks:
+            return f"{type(module).__name__} has forward hooks"
+    for module in linears:
+        if type(module) is not torch.nn.Linear:
+            return f"a projection is a {type(module).__name__}, not a plain torch.nn.Linear"
+    if type(base.embed_tokens) is not torch.nn.Embedding:
+        return f"the embedding is a {type(base.embed_tokens).__name__}"
+    if any(not type(n).__name__.endswith("RMSNorm") for n in norms):
+        return "a norm is not an RMSNorm"
     return None
 
 

@@ -12,6 +12,10 @@ How it decodes (see `rlcore.rollout.base` for the fields it returns):
 - the KV cache is preallocated for prompt + `max_tokens` positions (`PreallocatedLayer`, written in
   place instead of concatenated each step) when every layer is full attention; other models get
   `DynamicCache(config=...)`;
+- for the Llama family (Llama, Qwen2, Qwen3, Mistral) the decode steps after the HF prefill are
+  `rlcore.rollout.lean`'s plain-torch step over the module's own weights (one preallocated KV tensor,
+  rotary table and padding bias built once; logits equal the HF forward's to fp32 rounding);
+  `lean=False` keeps the HF step;
 - a finished row (a stop token, a stop string, or `max_tokens`) stops costing compute: once more than
   `compact_fraction` of the batch has finished, the cache, mask and positions are indexed down to the
   live rows; the loop ends when none is live;
@@ -33,12 +37,12 @@ No KV cache outlives a `generate` call, so `sleep()` only has weights to free: w
 `offload_on_sleep=True` on a GPU it moves the engine's own copy to CPU (never use it on a module the
 trainer shares), and on CUDA it empties the allocator cache; `wake()` moves the weights back.
 
-For GPUs: `kv_cache="static"` decodes with HF's `StaticCache` and full-length masks, so every decode
-step has the same shapes, and `compile=True, compile_mode="reduce-overhead"` then runs the decode
-step through `torch.compile` with CUDA graphs. Both are off by default and have not been run on a
-GPU. On CPU the static cache gives the same outputs (tested), static + compile compiled once (~20 s,
-no recompiles across steps) and gave the same greedy outputs (checked by hand), and compile with the
-default cache decoded the tiny model slower than eager (13.5k vs 15.6k tokens/s).
+`compile=True` compiles the lean step (CPU inductor, dynamic rows and length: ~30-70 s once per
+process, then 1.1-1.3x faster steps with 4-128 live rows; experiments/README.md, issue 17); for other
+models it compiles the HF module. For GPUs: `kv_cache="static"` decodes with HF's `StaticCache` (HF
+step) and full-length masks, so every decode step has the same shapes, and `compile=True,
+compile_mode="reduce-overhead"` then runs it through `torch.compile` with CUDA graphs; neither has
+been run on a GPU. On CPU the static cache gives the same outputs (tested).
 """
 
 from __future__ import annotations

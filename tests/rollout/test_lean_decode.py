@@ -196,6 +196,17 @@ def test_other_architectures_and_configs_keep_the_hugging_face_step():
     dynamic = LlamaForCausalLM(LlamaConfig(**SMALL, rope_scaling={"rope_type": "dynamic", "factor": 2.0}))
     assert "depends on the sequence length" in unsupported(dynamic)
     assert NativeEngine(dynamic, Tok())._lean is None
+    hooked = build("llama")
+    hooked.model.layers[1].self_attn.v_proj.register_forward_hook(lambda module, args, out: out * 2)
+    assert unsupported(hooked) == "Linear has forward hooks"
+
+    class LoRALinear(torch.nn.Linear):  # a wrapped projection: its forward is more than its weight
+        pass
+
+    wrapped = build("qwen2")
+    old = wrapped.model.layers[0].mlp.up_proj
+    wrapped.model.layers[0].mlp.up_proj = LoRALinear(old.in_features, old.out_features, bias=False)
+    assert "a projection is a LoRALinear" in unsupported(wrapped)
     tiny, tokenizer = load_policy("builtin:tiny")
     assert NativeEngine(tiny, tokenizer)._lean is not None  # the built-in models are Llamas
     assert NativeEngine(tiny, tokenizer, kv_cache="dynamic")._lean is None  # the ablation keeps HF's step
