@@ -21,11 +21,13 @@ implemented: trimming works with every attention implementation, CPU included.
 
 Shared prompts (`share_prompts`, see `rlcore.models.shared_prompt`): where the rows of a micro-batch
 repeat a prompt (GRPO's n samples), the forward can run bin-packed rows of [prompt | its responses]
-blocks, each prompt computed once per packed row that holds its responses, with a 4D mask (sdpa or eager attention); `response_logits` gathers each row's
-logits back, so callers see (m, r, v) either way.
+blocks, each prompt computed once per packed row that holds its responses, with a 4D mask (sdpa or
+eager attention); `response_logits` gathers each row's logits back, so callers see (m, r, v) either
+way.
 
 Memory: logits exist for one micro-batch at a time, in the model's dtype, response positions only
-(the token budget bounds them: budget x vocab); log-probs and entropies never make a second full
+in the row layout and every position of the packed rows (their prompt copies too; both bounded by
+the token budget: budget x vocab); log-probs and entropies never make a second full
 float32 (m, r, v) copy: `rlcore.pure.token_logprobs` and `token_entropy` work on position chunks.
 """
 
