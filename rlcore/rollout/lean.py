@@ -83,6 +83,16 @@ _LAYER_FIELDS = (
 )
 
 
+def full_attention_only(config: Any) -> bool:
+    """Whether every layer of `config` is plain full attention (then the preallocated cache fits)."""
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return all(t == "full_attention" for t in layer_types)
+    return getattr(config, "sliding_window", None) is None and not getattr(
+        config, "attention_chunk_size", None
+    )
+
+
 def unsupported(model: torch.nn.Module) -> str | None:
     """Why the lean step cannot run `model` (one phrase), or None when it can."""
     config = getattr(model, "config", None)
@@ -92,10 +102,7 @@ def unsupported(model: torch.nn.Module) -> str | None:
     base, head = getattr(model, "model", None), getattr(model, "lm_head", None)
     if base is None or head is None or not hasattr(base, "layers") or not hasattr(base, "rotary_emb"):
         return f"{type(model).__name__} is not a <Type>ForCausalLM with .model.layers and .lm_head"
-    layer_types = getattr(config, "layer_types", None) or ()
-    if any(t != "full_attention" for t in layer_types) or (
-        not layer_types and getattr(config, "sliding_window", None) is not None
-    ):
+    if not full_attention_only(config):
         return "not every layer is full attention"
     rope_type = getattr(base.rotary_emb, "rope_type", "default")
     if rope_type not in STATIC_ROPE_TYPES:
@@ -110,21 +117,16 @@ def _plain_modules(model: torch.nn.Module) -> str | None:
     """Why the step would not compute what the modules do (a wrapped or hooked projection, e.g. a LoRA
     or quantized linear, whose forward is more than its weight), or None."""
     base = model.model
-    linears = [model.lm_head] + [
-        getattr(getattr(layer, part), name)
-        for layer in base.layers
-        for part, names in (("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")), ("mlp", ("gate_proj", "up_proj", "down_proj")))
-        for name in names
-    ]  # fmt: skip
-    norms = [base.norm] + [
-        n for layer in base.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)
-    ]
-    for module in [*linears, *norms, base.embed_tokens, *base.layers]:
-        if module._forward_hooks or module._forward_pre_hooks:
-            return f"{type(module).__name__} has forward hooks"
+    paths = sorted({field.rsplit(".", 1)[0] for field in _LAYER_FIELDS})  # the modules the tensors are of
+    found = [(path, _get(layer, path)) for layer in base.layers for path in paths]
+    linears = [model.lm_head] + [m for path, m in found if path.endswith("_proj")]
+    norms = [base.norm] + [m for path, m in found if not path.endswith("_proj") and m is not None]
     for module in linears:
         if type(module) is not torch.nn.Linear:
             return f"a projection is a {type(module).__name__}, not a plain torch.nn.Linear"
+    for module in [*linears, *norms, base.embed_tokens, *base.layers]:
+        if module._forward_hooks or module._forward_pre_hooks:
+            return f"{type(module).__name__} has forward hooks"
     if type(base.embed_tokens) is not torch.nn.Embedding:
         return f"the embedding is a {type(base.embed_tokens).__name__}"
     if any(not type(n).__name__.endswith("RMSNorm") for n in norms):
@@ -153,14 +155,16 @@ def _shape(model: torch.nn.Module) -> LeanShape:
     )
 
 
+def _get(module: torch.nn.Module, path: str) -> Any:
+    """The attribute at dotted `path` below `module`, or None where a part is missing."""
+    obj: Any = module
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
 def _layer(module: torch.nn.Module) -> Layer:
-    out: list[Tensor | None] = []
-    for field in _LAYER_FIELDS:
-        obj: Any = module
-        for part in field.split("."):
-            obj = getattr(obj, part, None)
-        out.append(obj)
-    return tuple(out)
+    return tuple(_get(module, field) for field in _LAYER_FIELDS)
 
 
 def _rotate_half(x: Tensor) -> Tensor:

@@ -61,7 +61,7 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, StaticCa
 from rlcore.batch import Batch
 from rlcore.data.prompts import pad_token_id
 from rlcore.rollout.base import SamplingParams
-from rlcore.rollout.lean import lean_decoder
+from rlcore.rollout.lean import full_attention_only, lean_decoder
 from rlcore.rollout.sampling import check_sampling, sample_tokens
 
 _WRAPPER_PARTS = ("_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
@@ -134,16 +134,6 @@ class PreallocatedLayer(DynamicLayer):
         self.length = 0
         self.is_initialized = False
         self.keys = self.values = self.key_buffer = self.value_buffer = None
-
-
-def full_attention_only(config: Any) -> bool:
-    """Whether every layer of `config` is plain full attention (then the preallocated cache fits)."""
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None:
-        return all(t == "full_attention" for t in layer_types)
-    return getattr(config, "sliding_window", None) is None and not getattr(
-        config, "attention_chunk_size", None
-    )
 
 
 def _forward_keywords(model: torch.nn.Module) -> tuple[str, str | None]:
