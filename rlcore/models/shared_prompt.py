@@ -81,7 +81,7 @@ def choose_plan(
     prompt_len: list[int], resp_len: list[int], group: list[int], hidden: int
 ) -> tuple[list[list[Block]], int]:
     """(plan, width) of the cheapest capacity by `layout_cost`: from the longest prompt + response up
-    (x1.5 each time) to one row per group."""
+    (x1.5 each time) to the widest group's prompt + responses (where no prompt needs a second copy)."""
     per_group: dict[int, int] = {}
     for i, g in enumerate(group):
         per_group[g] = per_group.get(g, prompt_len[i]) + resp_len[i]
