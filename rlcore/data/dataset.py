@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from rlcore.batch import Batch
-from rlcore.data.prompts import Overlong, encode_rows, pad_token_id, prompt_batch
+from rlcore.data.prompts import Overlong, encode_rows_keeping_lengths, pad_token_id, prompt_batch
 from rlcore.data.rows import DataError, Row, read_rows
 
 
@@ -35,6 +35,12 @@ class Cursor:
     """Passes completed over the data."""
     position: int = 0
     """Index into this epoch's order, in [0, num_rows)."""
+
+
+def percentile(ordered: Sequence[int], q: float) -> int:
+    """The q-th percentile of sorted values (nearest rank: the smallest value with >= q% at or below it)."""
+    rank = max(1, -(-len(ordered) * q // 100))  # ceil(n q / 100)
+    return ordered[int(rank) - 1]
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -63,9 +69,10 @@ class PromptDataset:
     ) -> None:
         if not rows:
             raise DataError(f"{name}: no rows")
-        self.rows, self.token_ids, self.n_dropped = encode_rows(
+        self.rows, self.token_ids, self.dropped_lengths = encode_rows_keeping_lengths(
             rows, tokenizer, max_prompt_length=max_prompt_length, overlong=overlong
         )
+        self.n_dropped, self.max_prompt_length = len(self.dropped_lengths), max_prompt_length
         if not self.rows:
             raise DataError(
                 f"{name}: no rows left after dropping {self.n_dropped} prompts longer than "
@@ -82,6 +89,19 @@ class PromptDataset:
         """Read, validate and tokenize the rows of `paths` (see `PromptDataset.__init__` for kwargs)."""
         names = [str(paths)] if isinstance(paths, str | Path) else [str(p) for p in paths]
         return cls(read_rows(paths), tokenizer, name=kwargs.pop("name", ", ".join(names)), **kwargs)
+
+    def report(self) -> str:
+        """One line on what was read: rows, prompts dropped for length, prompt-length percentiles."""
+        kept = [len(ids) for ids in self.token_ids]
+        every = sorted(kept + self.dropped_lengths)
+        cut = "" if self.max_prompt_length is None else f" (max prompt length {self.max_prompt_length})"
+        dropped = f"{self.n_dropped} dropped as too long{cut}" + (
+            f", longest kept {max(kept)} tokens, longest dropped {max(self.dropped_lengths)}"
+            if self.n_dropped
+            else ""
+        )
+        spread = ", ".join(f"p{q} {percentile(every, q)}" for q in (50, 90, 99)) + f", max {every[-1]}"
+        return f"{len(every)} rows, {dropped}; prompt tokens {spread}"
 
     def __len__(self) -> int:
         return len(self.rows)

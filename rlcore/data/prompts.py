@@ -50,9 +50,19 @@ def encode_rows(
     rows: Sequence[Row], tokenizer: Any, *, max_prompt_length: int | None = None, overlong: Overlong = "error"
 ) -> tuple[list[Row], list[list[int]], int]:
     """(kept rows, their token ids, number dropped) after applying `max_prompt_length` per `overlong`."""
+    kept, ids, dropped = encode_rows_keeping_lengths(
+        rows, tokenizer, max_prompt_length=max_prompt_length, overlong=overlong
+    )
+    return kept, ids, len(dropped)
+
+
+def encode_rows_keeping_lengths(
+    rows: Sequence[Row], tokenizer: Any, *, max_prompt_length: int | None = None, overlong: Overlong = "error"
+) -> tuple[list[Row], list[list[int]], list[int]]:
+    """`encode_rows`, with the token lengths of the dropped prompts instead of their count."""
     if overlong not in ("drop", "error"):
         raise ValueError(f"overlong={overlong!r}: expected 'drop' or 'error'")
-    kept, ids, dropped = [], [], 0
+    kept, ids, dropped = [], [], []
     for row in rows:
         tokens = encode_prompt(tokenizer, row)
         if max_prompt_length is not None and len(tokens) > max_prompt_length:
@@ -61,7 +71,7 @@ def encode_rows(
                     f"{row.origin}: field 'prompt' is {len(tokens)} tokens, longer than max_prompt_length="
                     f"{max_prompt_length} (overlong='drop' drops such rows)"
                 )
-            dropped += 1
+            dropped.append(len(tokens))
             continue
         kept.append(row)
         ids.append(tokens)

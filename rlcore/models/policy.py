@@ -1,7 +1,8 @@
-"""Loading a policy: a built-in tiny Llama (`builtin:<name>`) or a local Hugging Face directory.
+"""Loading a policy: a built-in tiny Llama (`builtin:<name>`), a local Hugging Face directory or a hub id.
 
     model, tokenizer = load_policy("builtin:tiny")                      # ~0.4M params, seeded init
     model, tokenizer = load_policy("/models/Qwen2.5-0.5B-Instruct", dtype=torch.bfloat16)
+    model, tokenizer = load_policy("Qwen/Qwen2.5-0.5B-Instruct")       # via the HF cache (rlcore.models.hub)
 
 A built-in model is a real `transformers` `LlamaForCausalLM` with the character-level tokenizer of
 `rlcore.models.tokenizer`; it saves and reloads with `save_pretrained` / `from_pretrained` like any
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
+from rlcore.models.hub import model_directory
 from rlcore.models.tokenizer import build_char_tokenizer
 
 BUILTIN_PREFIX = "builtin:"
@@ -88,7 +90,8 @@ def builtin_config(name: str, tokenizer: Any) -> LlamaConfig:
 def load_policy(
     path: str, *, dtype: torch.dtype = torch.float32, seed: int = 0
 ) -> tuple[PreTrainedModel, Any]:
-    """(model, tokenizer) for `builtin:<name>` or a local Hugging Face model directory, in eval mode.
+    """(model, tokenizer) for `builtin:<name>`, a local Hugging Face model directory or a hub id (resolved
+    through the Hugging Face cache, `rlcore.models.hub`), in eval mode.
 
     `seed` fixes a built-in model's random init (without touching the global RNG); it is unused
     when weights are loaded from disk.
@@ -112,12 +115,10 @@ def _load_builtin(name: str, *, dtype: torch.dtype, seed: int) -> tuple[PreTrain
 
 
 def _load_pretrained(path: str, *, dtype: torch.dtype) -> tuple[PreTrainedModel, Any]:
-    directory = Path(path).expanduser()
-    if not directory.is_dir():
-        raise ValueError(
-            f"model path {path!r} is not a directory; expected a local Hugging Face model directory "
-            f"or {BUILTIN_PREFIX}<name> with name in {sorted(BUILTIN_MODELS)}"
-        )
+    try:
+        directory = model_directory(path)
+    except ValueError as e:
+        raise ValueError(f"{e} (or {BUILTIN_PREFIX}<name>, name in {sorted(BUILTIN_MODELS)})") from None
     if not (directory / "config.json").is_file():
         raise ValueError(f"model path {path!r} has no config.json; it is not a Hugging Face model directory")
     try:

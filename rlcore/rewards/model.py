@@ -54,11 +54,15 @@ class RewardModel:
         micro_batch_size: int = 8,
         max_length: int | None = None,
     ) -> RewardModel:
-        """Load `AutoModelForSequenceClassification` and `AutoTokenizer` from a local directory."""
+        """Load `AutoModelForSequenceClassification` and `AutoTokenizer` from a local directory or a hub
+        id (`rlcore.models.hub.model_directory`)."""
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype).to(device)
+        from rlcore.models.hub import model_directory
+
+        directory = model_directory(path)
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+        model = AutoModelForSequenceClassification.from_pretrained(directory, dtype=dtype).to(device)
         return cls(model, tokenizer, micro_batch_size=micro_batch_size, max_length=max_length)
 
     def render(self, prompt: str | Sequence[dict[str, str]], response: str) -> str:

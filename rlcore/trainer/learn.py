@@ -2,12 +2,14 @@
 
 Old and reference log-probs, values, KL penalty and advantages, then the critic's and the actor's
 updates (`rlcore.update.run_updates`, the one update loop), then the adaptive KL controller on the
-KL of the global batch. The engine sleeps meanwhile (the caller's job).
+KL of the global batch. The model passes run under --model.compute-dtype (`compute_precision`); the
+advantage math does not. The engine sleeps meanwhile (the caller's job).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from typing import Any
@@ -25,6 +27,7 @@ from rlcore.steps import advantage_step, logprob_step
 from rlcore.trainer import faults
 from rlcore.trainer.algorithm import actor_plan, critic_plan
 from rlcore.trainer.collect import step_seed
+from rlcore.trainer.models import compute_precision
 from rlcore.update import update_step
 
 
@@ -35,21 +38,25 @@ class TrainingDiverged(RuntimeError):
 def learn(state: TrainState, h: Any, algorithm: Algorithm, batch: Batch) -> tuple[TrainState, dict[str, Any]]:
     """Old/reference log-probs, values, advantages, then the critic and actor updates of one step."""
     cfg, step, metrics = h.cfg, state.step + 1, {}
+    amp = functools.partial(compute_precision, cfg, h.dist.device)  # the model passes' precision
     forward = {"temperature": cfg.rollout.temperature, "micro_batch_size": cfg.algo.micro_batch_size,
                "max_tokens": cfg.algo.max_tokens_per_micro_batch, "share_prompts": cfg.algo.share_prompts}  # fmt: skip
     if algorithm.bypass:  # the rollout's log-probs are the old policy: no recompute pass
         batch = batch.with_(old_logprobs=batch["rollout_logprobs"], overwrite=True)
     elif not algorithm.on_policy:  # else the update's own forward gives them (and the rollout gap)
-        batch = logprob_step(state.actor.model, batch, key="old_logprobs", **forward)
+        with amp():
+            batch = logprob_step(state.actor.model, batch, key="old_logprobs", **forward)
         metrics |= logprob_gap(batch, batch["old_logprobs"])  # rollout vs trainer log-probs
     if algorithm.correction is not None:  # IS weights, rejected units out of the mask (before advantages)
         batch, corr = algorithm.correction(batch)
         metrics |= corr
     if h.ref_model is not None:
-        batch = logprob_step(h.ref_model, batch, key="ref_logprobs", **forward)
+        with amp():
+            batch = logprob_step(h.ref_model, batch, key="ref_logprobs", **forward)
     if state.critic is not None:
-        values = compute_values(state.critic.model, batch, micro_batch_size=cfg.algo.micro_batch_size,
-                                share_prompts=cfg.algo.share_prompts)  # fmt: skip
+        with amp():
+            values = compute_values(state.critic.model, batch, micro_batch_size=cfg.algo.micro_batch_size,
+                                    share_prompts=cfg.algo.share_prompts)  # fmt: skip
         batch = batch.with_(values=values)
     batch, am = advantage_step(batch, algorithm, kl_coef=state.kl_coef)
     batch = faults.poison(batch, step)  # test-only NaN injection (RLCORE_TEST_NAN_AT_STEPS)
@@ -57,13 +64,15 @@ def learn(state: TrainState, h: Any, algorithm: Algorithm, batch: Batch) -> tupl
     update_started = time.perf_counter()
     horizon = cfg.rollout.max_tokens
     if state.critic is not None:
-        critic, cm = critic_update(state.critic, batch, algorithm.value_loss_fn, critic_plan(cfg), mesh=h.mesh,
-                                   horizon=horizon)  # fmt: skip
+        with amp():
+            critic, cm = critic_update(state.critic, batch, algorithm.value_loss_fn, critic_plan(cfg), mesh=h.mesh,
+                                       horizon=horizon)  # fmt: skip
         state, metrics = dataclasses.replace(state, critic=critic), metrics | cm
         if step <= cfg.critic.critic_warmup:  # only the critic learns during its warm-up
             return state, metrics
-    actor, um = update_step(state.actor, batch, algorithm, actor_plan(cfg), mesh=h.mesh, horizon=horizon,
-                            temperature=cfg.rollout.temperature, seed=step_seed(cfg.trainer.seed, step, "loss"))  # fmt: skip
+    with amp():
+        actor, um = update_step(state.actor, batch, algorithm, actor_plan(cfg), mesh=h.mesh, horizon=horizon,
+                                temperature=cfg.rollout.temperature, seed=step_seed(cfg.trainer.seed, step, "loss"))  # fmt: skip
     metrics |= um
     metrics["timing/update_s"] = time.perf_counter() - update_started
     kl_coef = state.kl_coef

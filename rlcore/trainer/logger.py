@@ -41,6 +41,7 @@ class MetricsLogger:
         self.started = time.monotonic()
         self.first_step: int | None = None
         self._wandb = None
+        self._pending: dict[str, float] = {}
         if enabled and wandb_mode != "off":
             import wandb
 
@@ -48,11 +49,15 @@ class MetricsLogger:
                 project=wandb_project, name=run_name, dir=str(out_dir), mode=wandb_mode, config=config or {}
             )
 
+    def once(self, metrics: dict[str, float]) -> None:
+        """Add `metrics` to the next record only (run-level facts: the data report's counts)."""
+        self._pending |= metrics
+
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Record `metrics` of `step` (plain floats; non-finite values are written as null)."""
         if not self.enabled:
             return
-        metrics = metrics | memory_metrics()
+        metrics, self._pending = self._pending | metrics | memory_metrics(), {}
         record = {"step": step} | {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}
         try:
             with self.path.open("ab") as f:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -11,6 +13,13 @@ from rlcore.models.policy import load_policy
 from rlcore.trainer import faults
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def compute_precision(cfg: Config, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """The trainer passes' precision: torch.autocast to --model.compute-dtype, or a null context."""
+    if cfg.model.compute_dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=DTYPES[cfg.model.compute_dtype])
 
 
 def _load(cfg: Config, dist: Any) -> tuple[Any, Any]:
@@ -99,7 +108,7 @@ def check_engine(cfg: Config, dist: Any) -> None:
 
     path, head_dim = cfg.model.path, None  # None if unknown: loading the model reports what is wrong
     if not path.startswith(BUILTIN_PREFIX):
-        head_dim = config_head_dim(path)
+        head_dim = config_head_dim(_directory(path))
     elif path.removeprefix(BUILTIN_PREFIX) in BUILTIN_MODELS:
         spec = builtin_spec(path.removeprefix(BUILTIN_PREFIX))
         head_dim = spec.hidden_size // spec.num_heads
@@ -111,13 +120,15 @@ def check_engine(cfg: Config, dist: Any) -> None:
 def _vllm_engine(cfg: Config, model: Any, tokenizer: Any) -> Any:
     import shutil
     import tempfile
-    from pathlib import Path
 
     from rlcore.dist.stream import save_hf_pretrained
+    from rlcore.models.policy import BUILTIN_PREFIX
     from rlcore.rollout.vllm_engine import VLLMEngine  # vllm itself is imported by the constructor
 
     path, temporary = cfg.model.path, None
-    if not Path(path).expanduser().is_dir():  # a built-in model: vLLM reads a directory
+    if not path.startswith(BUILTIN_PREFIX):
+        path = str(_directory(path))  # a hub id: its snapshot in the HF cache
+    else:  # a built-in model: vLLM reads a directory
         path = temporary = tempfile.mkdtemp(prefix="rlcore-vllm-model-")
         save_hf_pretrained(model, tokenizer, path, every_rank=True)  # a collective under FSDP
     try:
@@ -136,6 +147,16 @@ def _vllm_engine(cfg: Config, model: Any, tokenizer: Any) -> Any:
     finally:
         if temporary:  # vLLM holds the weights and tokenizer now; later weights come by load_weights
             shutil.rmtree(temporary, ignore_errors=True)
+
+
+def _directory(path: str) -> Path:
+    """The local directory of --model.path (a directory, or a hub id's cached snapshot)."""
+    from rlcore.models.hub import model_directory
+
+    try:
+        return model_directory(path)
+    except ValueError as e:
+        raise ConfigError(f"--model.path: {e}") from None
 
 
 def sync_bucket_bytes(cfg: Config) -> int:

@@ -141,6 +141,7 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm]:
     logger = MetricsLogger(out_dir, total_steps=cfg.trainer.steps, enabled=placement.writes, wandb_mode=cfg.log.wandb,
                            wandb_project=cfg.log.project, run_name=out_dir.name, config=dataclasses.asdict(cfg),
                            progress=cfg.log.progress)  # fmt: skip
+    report_data(cfg, train_ds, val_ds, logger, prints=placement.writes)
     state = TrainState(actor=actor, critic=critic, kl_coef=cfg.algo.kl_coef, cursor=Cursor())
     h = Handles(cfg=cfg, out_dir=out_dir, placement=placement, dist=dist, mesh=mesh, tokenizer=tokenizer,
                 train_ds=train_ds, val_ds=val_ds, scorer=scorer, engine=engine, ref_model=ref_model, logger=logger,
@@ -158,6 +159,19 @@ def _datasets(cfg: Config, tokenizer: Any) -> tuple[PromptDataset, PromptDataset
         rows = read_sources(d.val_files, split="val", builtin_size=d.builtin_val_size, seed=seed)
         val = PromptDataset(rows, tokenizer, seed=seed, shuffle=False, name="--data.val-files", **common)
     return train, val
+
+
+def report_data(cfg: Config, train: PromptDataset, val: PromptDataset | None, logger: MetricsLogger, *,
+                prints: bool) -> None:  # fmt: skip
+    """One `data:` line per file set (rows, prompts dropped for length, prompt-length percentiles) on
+    stdout (stderr keeps warnings and errors), and the dropped counts as `data/train_dropped` / `data/val_dropped` in the first record."""
+    sets = {"train": (train, cfg.data.train_files), "val": (val, cfg.data.val_files)}
+    for key, (ds, files) in sets.items():
+        if ds is None:
+            continue
+        if prints:
+            print(f"data: {ds.name} {' '.join(files)}: {ds.report()}", flush=True)
+        logger.once({f"data/{key}_dropped": float(ds.n_dropped)})
 
 
 # ---------------------------------------------------------------- loop
@@ -285,7 +299,9 @@ def _check_gap(h: Handles, step: int, metrics: dict[str, float]) -> None:
         return
     local = metrics.get("rollout/logprob_diff_max", 0.0)  # absent: sft, or an empty step
     gap = float(all_reduce(torch.tensor(local, device=h.dist.device), h.mesh, op="max"))
-    line = gap_warning(gap, engine=h.cfg.rollout.engine, dtype=h.cfg.model.dtype, step=step)
+    dtypes = (h.cfg.model.dtype, h.cfg.model.compute_dtype)  # a bf16 pass on either side widens the gap
+    dtype = "bfloat16" if "bfloat16" in dtypes else "float32"
+    line = gap_warning(gap, engine=h.cfg.rollout.engine, dtype=dtype, step=step)
     if line and h.dist.rank == 0:
         print(line, file=sys.stderr, flush=True)
 

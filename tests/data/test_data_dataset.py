@@ -126,3 +126,17 @@ def test_empty_after_filtering_and_empty_files(tmp_path, chat_tokenizer):
     (tmp_path / "empty.jsonl").write_bytes(b"\n")
     with pytest.raises(DataError, match=r"empty\.jsonl: no rows$"):
         PromptDataset.from_files([tmp_path / "empty.jsonl"], chat_tokenizer)
+
+
+def test_report_counts_drops_and_prompt_length_percentiles(chat_tokenizer):
+    """Prompt content 'x' * k renders to k + 4 tokens: lengths 5..24, the 4 over 20 dropped."""
+    rows = [Row("d", [{"role": "user", "content": "x" * k}]) for k in range(20, 0, -1)]
+    data = PromptDataset(rows, chat_tokenizer, max_prompt_length=20, overlong="drop")
+    assert data.n_dropped == 4 and data.dropped_lengths == [24, 23, 22, 21]
+    # nearest rank over all 20 rows read: p50 = 10th value (14), p90 = 18th (22), p99 = 20th (24)
+    assert data.report() == (
+        "20 rows, 4 dropped as too long (max prompt length 20), longest kept 20 tokens, longest dropped 24; "
+        "prompt tokens p50 14, p90 22, p99 24, max 24"
+    )
+    kept = PromptDataset(rows[4:], chat_tokenizer)
+    assert kept.report() == "16 rows, 0 dropped as too long; prompt tokens p50 12, p90 19, p99 20, max 20"

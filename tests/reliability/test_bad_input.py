@@ -153,7 +153,7 @@ CASES = [  # (case, flags, the error line after "error: ")
      "use a .py file"),
     ("model path is a file", ["--model.path", "{d}/a_file"],
      "--model.path: model path '{d}/a_file' is not a directory; expected a local Hugging Face model directory "
-     "or builtin:<name> with name in …"),
+     "or a hub id such as Qwen/Qwen2.5-0.5B-Instruct (or builtin:<name>, name in …"),
     ("model directory without config.json", ["--model.path", "{d}/no_config"],
      "--model.path: model path '{d}/no_config' has no config.json; it is not a Hugging Face model directory"),
     ("model config not JSON", ["--model.path", "{d}/bad_config"],
