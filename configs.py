@@ -286,6 +286,8 @@ class LogConfig:
     """W&B project."""
     progress: bool = True
     """Print a live progress line."""
+    samples: int = 4
+    """Each step's first K samples, decoded, to samples.jsonl (validation: val_samples.jsonl); 0: off."""
 
 
 @dataclass(frozen=True, kw_only=True)

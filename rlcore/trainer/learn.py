@@ -1,4 +1,4 @@
-"""One step's learning: `learn(state, handles, algorithm, batch) -> (state, metrics)`.
+"""One step's learning: `learn(state, handles, algorithm, batch) -> (state, metrics, batch)`.
 
 Old and reference log-probs, values, KL penalty and advantages, then the critic's and the actor's
 updates (`rlcore.update.run_updates`, the one update loop), then the adaptive KL controller on the
@@ -35,8 +35,11 @@ class TrainingDiverged(RuntimeError):
     """Too many consecutive updates had a non-finite loss or gradient."""
 
 
-def learn(state: TrainState, h: Any, algorithm: Algorithm, batch: Batch) -> tuple[TrainState, dict[str, Any]]:
-    """Old/reference log-probs, values, advantages, then the critic and actor updates of one step."""
+def learn(
+    state: TrainState, h: Any, algorithm: Algorithm, batch: Batch
+) -> tuple[TrainState, dict[str, Any], Batch]:
+    """Old/reference log-probs, values, advantages, then the critic and actor updates of one step; the
+    batch comes back with what the step computed for it (old/ref log-probs, values, advantages)."""
     cfg, step, metrics = h.cfg, state.step + 1, {}
     amp = functools.partial(compute_precision, cfg, h.dist.device)  # the model passes' precision
     forward = {"temperature": cfg.rollout.temperature, "micro_batch_size": cfg.algo.micro_batch_size,
@@ -69,7 +72,7 @@ def learn(state: TrainState, h: Any, algorithm: Algorithm, batch: Batch) -> tupl
                                        horizon=horizon)  # fmt: skip
         state, metrics = dataclasses.replace(state, critic=critic), metrics | cm
         if step <= cfg.critic.critic_warmup:  # only the critic learns during its warm-up
-            return state, metrics
+            return state, metrics, batch
     with amp():
         actor, um = update_step(state.actor, batch, algorithm, actor_plan(cfg), mesh=h.mesh, horizon=horizon,
                                 temperature=cfg.rollout.temperature, seed=step_seed(cfg.trainer.seed, step, "loss"))  # fmt: skip
@@ -78,7 +81,7 @@ def learn(state: TrainState, h: Any, algorithm: Algorithm, batch: Batch) -> tupl
     kl_coef = state.kl_coef
     if cfg.algo.kl_coef > 0 and cfg.algo.kl_ctrl == "adaptive":
         kl_coef = next_kl_coef(h, kl_coef, metrics["actor/reward_kl_penalty"], rows=len(batch))
-    return dataclasses.replace(state, actor=actor, kl_coef=kl_coef), metrics
+    return dataclasses.replace(state, actor=actor, kl_coef=kl_coef), metrics, batch
 
 
 def next_kl_coef(h: Any, coef: float, local_kl: torch.Tensor, *, rows: int) -> float:

@@ -1,4 +1,5 @@
-"""Metrics out of the trainer: metrics.jsonl (orjson), an optional W&B run, and a live progress line.
+"""Metrics out of the trainer: metrics.jsonl (orjson), an optional W&B run, and live progress: a tqdm
+bar with ETA when stderr is a terminal, one plain line per step when it is not (a log file, a pipe).
 
 Rank 0 alone writes and prints; other ranks get a logger whose methods do nothing. Every record also
 gets the process's memory: `perf/rss_mb` (resident now) and `perf/max_memory_mb` (peak resident so
@@ -11,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import resource
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -42,12 +44,20 @@ class MetricsLogger:
         self.first_step: int | None = None
         self._wandb = None
         self._pending: dict[str, float] = {}
+        self.terminal = self.progress and sys.stderr.isatty()
+        """A live progress bar (tqdm) on a terminal; one plain line per step when stderr is piped."""
+        self._bar: Any = None
         if enabled and wandb_mode != "off":
             import wandb
 
             self._wandb = wandb.init(
                 project=wandb_project, name=run_name, dir=str(out_dir), mode=wandb_mode, config=config or {}
             )
+
+    @property
+    def wandb_run(self) -> Any:
+        """The W&B run (None when W&B is off or this rank does not write)."""
+        return self._wandb
 
     def once(self, metrics: dict[str, float]) -> None:
         """Add `metrics` to the next record only (run-level facts: the data report's counts)."""
@@ -72,29 +82,70 @@ class MetricsLogger:
         if self.progress:
             self._print(step, metrics)
 
+    def begin(self, step: int) -> None:
+        """Training starts after `step` steps (0, or where a resumed run left off): ETAs count from now."""
+        self.first_step, self.started = step, time.monotonic()
+        if self.terminal and step < self.total:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=self.total, initial=step, unit="step", file=sys.stderr, **_width())
+
     def _print(self, step: int, metrics: dict[str, float]) -> None:
-        if self.first_step is None:
-            self.first_step, self.started = step, time.monotonic()
-        done = step - self.first_step + 1
-        per_step = (time.monotonic() - self.started) / max(done, 1)
-        eta = per_step * max(self.total - step, 0)
-        parts = [f"step {step}/{self.total}"]
-        for key, label in (
-            ("train/reward_mean", "reward"),
-            ("val/reward_mean", "val"),
-            ("actor/ppo_kl", "kl"),
-            ("actor/entropy", "entropy"),
-            ("timing/step_s", "s/step"),
-        ):
-            if key in metrics:
-                parts.append(f"{label} {metrics[key]:.3f}")
-        parts.append(f"ETA {int(eta) // 60}:{int(eta) % 60:02d}")
-        print(" | ".join(parts), file=sys.stderr, flush=True)
+        parts = progress_parts(metrics)
+        if self._bar is not None:
+            self._bar.update(max(step - self._bar.n, 0))
+            self._bar.set_postfix_str(" | ".join(parts), refresh=True)
+            return
+        line = [f"step {step}/{self.total}", *parts]
+        done = step - self.first_step if self.first_step is not None else 0
+        if done > 0:  # not before training (a step-0 validation)
+            eta = (time.monotonic() - self.started) / done * max(self.total - step, 0)
+            line.append(f"ETA {int(eta) // 60}:{int(eta) % 60:02d}")
+        print(" | ".join(line), file=sys.stderr, flush=True)
 
     def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
+
+
+PROGRESS = (
+    ("train/reward_mean", "reward"),
+    ("val/reward_mean", "val"),
+    ("actor/ppo_kl", "ppo_kl"),
+    ("actor/kl_loss", "kl_ref"),
+    ("actor/reward_kl_penalty", "kl_ref"),
+    ("actor/entropy", "entropy"),
+    ("timing/step_s", "s/step"),
+)
+"""What the progress shows: `ppo_kl` is the update's KL between the old and the current policy (0 on
+the first pass of an on-policy step), `kl_ref` the KL to the reference (the KL loss, else the reward
+penalty's KL), when there is a reference."""
+
+
+def progress_parts(metrics: dict[str, float]) -> list[str]:
+    """The progress fields present in `metrics`, as `label value` (one `kl_ref`: the loss's first)."""
+    parts, seen = [], set()
+    for key, label in PROGRESS:
+        if key in metrics and label not in seen:
+            parts.append(f"{label} {metrics[key]:.3f}")
+            seen.add(label)
+    return parts
+
+
+def _width() -> dict[str, Any]:
+    """tqdm's size: the terminal's, followed; a terminal of unknown size (0 x 0, where tqdm would draw
+    nothing): $COLUMNS x $LINES, else 120 x 24."""
+    try:
+        if os.get_terminal_size(sys.stderr.fileno()).columns > 0:
+            return {"dynamic_ncols": True}
+    except OSError:
+        pass
+    size = shutil.get_terminal_size((120, 24))
+    return {"ncols": size.columns, "nrows": size.lines}
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

@@ -40,6 +40,7 @@ from rlcore.trainer.health import gap_warning
 from rlcore.trainer.learn import TrainingDiverged, check_bad_updates, learn
 from rlcore.trainer.logger import MetricsLogger, read_metrics
 from rlcore.trainer.plots import plot_curves
+from rlcore.trainer.samples import SampleWriter
 from rlcore.trainer.sft import sft_batch
 from rlcore.trainer.validation import val_due, validate_policy
 from rlcore.update import update_step
@@ -70,6 +71,8 @@ class Handles:
     ref_model: Any
     """The frozen reference policy (None without KL, and on a rollout rank)."""
     logger: MetricsLogger
+    samples: SampleWriter
+    """Each step's first --log.samples samples as text (a writer that writes nothing off rank 0)."""
     outbox: split.Outbox | None = None
     """The trainer leader's weight pushes in flight (split placement; stream mode does not wait for them)."""
 
@@ -142,9 +145,12 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm]:
                            wandb_project=cfg.log.project, run_name=out_dir.name, config=dataclasses.asdict(cfg),
                            progress=cfg.log.progress)  # fmt: skip
     report_data(cfg, train_ds, val_ds, logger, prints=placement.writes)
+    samples = SampleWriter(out_dir, tokenizer, k=cfg.log.samples if placement.writes else 0,
+                           wandb_run=logger.wandb_run)  # fmt: skip
     state = TrainState(actor=actor, critic=critic, kl_coef=cfg.algo.kl_coef, cursor=Cursor())
     h = Handles(cfg=cfg, out_dir=out_dir, placement=placement, dist=dist, mesh=mesh, tokenizer=tokenizer,
                 train_ds=train_ds, val_ds=val_ds, scorer=scorer, engine=engine, ref_model=ref_model, logger=logger,
+                samples=samples,
                 outbox=split.Outbox() if placement.role == "trainer" else None)  # fmt: skip
     return state, h, algorithm
 
@@ -186,6 +192,7 @@ def loop(state: TrainState, h: Handles, algorithm: Algorithm) -> TrainState:
     start_engine(state, h)
     if state.step == 0 and val_due(h, 0):
         h.logger.log(0, _validation(h, 0))
+    h.logger.begin(state.step)
     first, last_finite = state.step + 1, {}
     while state.step < cfg.trainer.steps:
         state, metrics = train_step(state, h, algorithm)
@@ -227,7 +234,8 @@ def train_step(state: TrainState, h: Handles, algorithm: Algorithm) -> tuple[Tra
     if h.engine is not None:
         h.engine.sleep()
     try:
-        state, learned = learn(state, h, algorithm, batch)
+        state, learned, batch = learn(state, h, algorithm, batch)
+        h.samples.write(step, batch)
         faults.kill_point(step, "update")
     finally:
         if h.engine is not None:
@@ -313,7 +321,8 @@ def _validation(h: Handles, step: int) -> dict[str, float]:
         return split.receive_validation(h)
     assert h.val_ds is not None
     return validate_policy(h.engine, h.val_ds, h.scorer, h.tokenizer, max_tokens=h.cfg.rollout.max_tokens,
-                           k=h.cfg.rollout.val_n, seed=step_seed(h.cfg.trainer.seed, step, "val"))  # fmt: skip
+                           k=h.cfg.rollout.val_n, seed=step_seed(h.cfg.trainer.seed, step, "val"),
+                           samples=lambda batch: h.samples.write(step, batch, validation=True))  # fmt: skip
 
 
 def _finish(state: TrainState, h: Handles) -> None:

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import pty
+import subprocess
+import sys
+
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
+from rlcore.rewards.dispatch import default_compute_score
 from rlcore.trainer.logger import read_metrics
-from tests.smoke.test_train import SMALL, ok, train
+from tests.smoke.test_train import ROOT, SMALL, ok, train
 
 
 def gsm8k_rows(n_short: int, n_long: int) -> list[dict]:
@@ -34,3 +42,59 @@ def test_the_data_report_counts_the_prompts_dropped_for_length(tmp_path) -> None
     assert lines[0].startswith("data: --data.train-files ") and lines[1].startswith("data: --data.val-files ")
     first = read_metrics(tmp_path / "run" / "metrics.jsonl")[0]
     assert first["data/train_dropped"] == 3.0 and first["data/val_dropped"] == 3.0
+
+
+def test_samples_jsonl_holds_each_steps_first_k_samples_and_validations(tmp_path) -> None:
+    """--log.samples 3: three decoded samples per step whose text scores to the logged score; the greedy
+    validation's in val_samples.jsonl; with W&B (offline) the same as tables."""
+    proc = train("grpo", *SMALL, "--trainer.steps", "2", "--trainer.val-every", "2", "--log.samples", "3",
+                 "--log.wandb", "offline", out=tmp_path)  # fmt: skip
+    ok(proc)
+    train_rows = read_jsonl(tmp_path / "samples.jsonl")
+    assert [r["step"] for r in train_rows] == [1, 1, 1, 2, 2, 2]
+    for r in train_rows:
+        assert set(r) == {"step", "prompt", "response", "score", "advantage", "data_source", "finish_reason",
+                          "ground_truth"}  # fmt: skip
+        assert r["prompt"].startswith("<|bos|><|user|>reverse ") and r["prompt"].endswith("<|assistant|>")
+        text = r["response"].removesuffix("<|eos|>") if r["finish_reason"] == "stop" else r["response"]
+        assert r["score"] == pytest.approx(default_compute_score(r["data_source"], text, r["ground_truth"]))
+    val_rows = read_jsonl(tmp_path / "val_samples.jsonl")
+    assert [r["step"] for r in val_rows] == [0, 0, 0, 2, 2, 2] and all("advantage" not in r for r in val_rows)
+    tables = sorted(
+        p.name.split("_")[0] for p in tmp_path.glob("wandb/offline-run-*/files/media/table/*.json")
+    )
+    assert tables.count("samples") == 2 and tables.count("val") == 2, tables
+
+
+def read_jsonl(path):
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def test_progress_is_a_bar_on_a_terminal_and_a_line_per_step_when_piped(tmp_path) -> None:
+    args = ["grpo", *[a for a in SMALL if a != "--log.no-progress"], "--trainer.steps", "2", "--trainer.val-every",
+            "0", "--algo.kl-coef", "0.01"]  # fmt: skip
+    master, replica = pty.openpty()  # a pseudo-terminal as stderr, as an interactive shell gives
+    cmd = [sys.executable, str(ROOT / "train.py"), *args, "--out-dir", str(tmp_path / "tty")]
+    env = os.environ | {"TRANSFORMERS_VERBOSITY": "error", "COLUMNS": "200"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=replica,
+                            env=env)  # fmt: skip
+    os.close(replica)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    assert proc.wait(timeout=240) == 0
+    tty = b"".join(chunks).decode(errors="replace")
+    assert "| 2/2 [" in tty and "step/s, reward " in tty and "kl_ref " in tty, tty[-2000:]
+    assert "step 1/2 |" not in tty
+    piped = train(*args, out=tmp_path / "piped")
+    ok(piped)
+    lines = [x for x in piped.stderr.splitlines() if x.startswith("step ")]
+    assert [x.split(" |")[0] for x in lines] == ["step 1/2", "step 2/2"] and "step/s" not in piped.stderr
+    assert all("ppo_kl " in x and "kl_ref " in x and "ETA " in x for x in lines), lines
