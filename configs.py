@@ -243,6 +243,12 @@ class TrainerConfig:
     """Where to train (auto: cuda when available)."""
     max_bad_updates: int = 3
     """Abort after this many consecutive updates with a non-finite loss or gradient."""
+    hang_timeout_s: float = 1800.0
+    """The watchdog: when no phase of a step starts or ends for this long (a stuck collective, a phase
+    that never returns), every rank prints its step, phase and stack and the run exits (code 4) with one
+    line naming the rank that stalled; 0 turns it off."""
+    profile_steps: str = ""
+    """A:B writes a torch.profiler Chrome trace of steps A to B per rank to out_dir/profile/ ("": off)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -436,6 +442,25 @@ def _check_split(cfg: Config, world_size: int) -> None:
     )
 
 
+def _check_observability(cfg: Config) -> None:
+    from rlcore.trainer.phases import profile_steps
+
+    t = cfg.trainer
+    _need(
+        t.hang_timeout_s >= 0, f"--trainer.hang-timeout-s {t.hang_timeout_s}: must be >= 0 (0: no watchdog)"
+    )
+    _need(cfg.log.samples >= 0, f"--log.samples {cfg.log.samples}: must be >= 0 (0: no samples.jsonl)")
+    try:
+        steps = profile_steps(t.profile_steps)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if steps is not None:
+        _need(
+            steps[1] <= t.steps,
+            f"--trainer.profile-steps {t.profile_steps}: the run has --trainer.steps {t.steps}",
+        )
+
+
 def validate(cfg: Config, *, world_size: int = 1) -> None:
     """Check a config before anything expensive; raise ConfigError naming the flag, value and fix."""
     from rlcore.algorithm import estimator_inputs, missing_inputs, parameters
@@ -447,6 +472,7 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
     d, r, a, t = cfg.data, cfg.rollout, cfg.algo, cfg.trainer
     _need(d.batch_size >= 1, f"--data.batch-size {d.batch_size}: must be >= 1")
     _check_pipeline(cfg, world_size)
+    _check_observability(cfg)
     for role, size in roles(cfg, world_size).items():
         _need(
             d.batch_size % size == 0,

@@ -175,16 +175,21 @@ def _pad_rollout(batch: Batch, p: int, t: int, pad_token_id: int) -> Batch:
     return batch.with_(**padded, overwrite=True) if padded else batch
 
 
-def filter_groups(batch: Batch, key: str = "token_scores") -> tuple[Batch, int, int]:
-    """DAPO dynamic sampling: drop prompt groups whose scores are all equal (no learning signal).
-
-    Returns the kept rows, the number of groups kept and the number of groups seen.
-    """
+def group_signal(batch: Batch, key: str = "token_scores") -> tuple[Tensor, Tensor]:
+    """(group id of each row (b,), whether each prompt group's scores differ (groups,) bool)."""
     scores = batch[key].sum(-1)  # (b,)
     ids = group_ids(batch)
     n_groups = int(ids.max()) + 1 if len(ids) else 0
     lo = torch.full((n_groups,), torch.inf, dtype=scores.dtype).scatter_reduce(0, ids, scores, "amin")
     hi = torch.full((n_groups,), -torch.inf, dtype=scores.dtype).scatter_reduce(0, ids, scores, "amax")
-    varied = hi > lo  # (groups,)
+    return ids, hi > lo
+
+
+def filter_groups(batch: Batch, key: str = "token_scores") -> tuple[Batch, int, int]:
+    """DAPO dynamic sampling: drop prompt groups whose scores are all equal (no learning signal).
+
+    Returns the kept rows, the number of groups kept and the number of groups seen.
+    """
+    ids, varied = group_signal(batch, key)
     keep = varied[ids]
-    return batch[keep.nonzero().squeeze(-1)], int(varied.sum()), n_groups
+    return batch[keep.nonzero().squeeze(-1)], int(varied.sum()), len(varied)

@@ -21,8 +21,9 @@ from rlcore.dist.reduce import all_reduce_int
 from rlcore.rewards.step import OverlongPenalty
 from rlcore.rollout.base import SamplingParams
 from rlcore.state import Rollout, TrainState
-from rlcore.steps import concat_rollouts, filter_groups, rollout_step, score_step
+from rlcore.steps import concat_rollouts, filter_groups, group_signal, rollout_step, score_step
 from rlcore.trainer import faults
+from rlcore.trainer.phases import phase
 
 
 def step_seed(seed: int, step: int, what: str) -> int:
@@ -104,13 +105,18 @@ def collect(
     for round_ in range(cfg.algo.max_sampling_rounds if dynamic else 1):
         drawn, cursor = h.train_ds.take(cursor, cfg.data.batch_size)
         prompts = this_rank(h, drawn)
-        batch, m = rollout_step(h.engine, prompts, sampling(cfg, step, round_, h.dist.rank))
-        batch, rm = score_step(h.scorer, batch, tokenizer=h.tokenizer, overlong=overlong(cfg))
+        with phase("rollout"):
+            batch, m = rollout_step(h.engine, prompts, sampling(cfg, step, round_, h.dist.rank))
+        with phase("scoring"):
+            faults.stall(h.dist.rank, step, "scoring")  # test-only (RLCORE_TEST_STALL)
+            batch, rm = score_step(h.scorer, batch, tokenizer=h.tokenizer, overlong=overlong(cfg))
         if algorithm.needs_greedy_baseline:
             batch = batch.with_(baseline_rewards=greedy_baseline(h, prompts))
         if round_ == 0:
             metrics |= m | rm
             metrics["train/reward_mean"] = batch["token_scores"].sum(-1).mean()
+            _, varied = group_signal(batch)  # groups whose samples all scored the same: no signal
+            metrics["train/equal_reward_group_frac"] = 1.0 - varied.float().mean()
         if not dynamic:
             return batch, metrics, cursor
         batch, n_kept, n_seen = filter_groups(batch)

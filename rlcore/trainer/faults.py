@@ -13,12 +13,15 @@
                                        vLLM then runs a half-loaded policy; the step-1 gap check must say so)
     RLCORE_TEST_SLOW_ROLLOUT_S=1.5     every batch takes 1.5 s longer to generate (a slow rollout role, for
                                        stream mode's timing)
+    RLCORE_TEST_STALL=1:2:scoring      rank 1 sleeps (for an hour) inside step 2's scoring phase: a stalled
+                                       rank, for the hang watchdog; with RLCORE_TEST_STALL_MUTE=1 its own
+                                       watchdog stops first (as if stuck in C holding the GIL)
     RLCORE_TEST_SLOW_DECODE_S=0.2      with partial rollouts, every decode step takes 0.2 s longer (pushes
                                        then arrive while a batch is being generated)
 
 The run loop calls `kill_point` at its phase boundaries, `checkpoints.save` calls `before_commit`,
 `learn` passes the advantages through `poison`, the weight push asks `push_per_bucket`, and
-`collect.generate` calls `slow_rollout`. tests/reliability drives them.
+`collect.generate` calls `slow_rollout`, `collect.collect` calls `stall`. tests/reliability drives them.
 """
 
 from __future__ import annotations
@@ -35,6 +38,16 @@ from typing import Any
 from rlcore.batch import Batch
 
 PHASES = ("rollout", "update", "save")
+
+
+def stall(rank: int, step: int, phase: str) -> None:
+    """Sleep for an hour if RLCORE_TEST_STALL names (rank, step, phase)."""
+    if os.environ.get("RLCORE_TEST_STALL") == f"{rank}:{step}:{phase}":
+        if os.environ.get("RLCORE_TEST_STALL_MUTE") == "1":
+            from rlcore.trainer.phases import disarm
+
+            disarm()
+        time.sleep(3600)
 
 
 def kill_point(step: int, phase: str) -> None:

@@ -28,6 +28,7 @@ from rlcore.trainer import faults
 from rlcore.trainer.algorithm import actor_plan, critic_plan
 from rlcore.trainer.collect import step_seed
 from rlcore.trainer.models import compute_precision
+from rlcore.trainer.phases import phase
 from rlcore.update import update_step
 
 
@@ -47,33 +48,34 @@ def learn(
     if algorithm.bypass:  # the rollout's log-probs are the old policy: no recompute pass
         batch = batch.with_(old_logprobs=batch["rollout_logprobs"], overwrite=True)
     elif not algorithm.on_policy:  # else the update's own forward gives them (and the rollout gap)
-        with amp():
+        with amp(), phase("logprobs"):
             batch = logprob_step(state.actor.model, batch, key="old_logprobs", **forward)
         metrics |= logprob_gap(batch, batch["old_logprobs"])  # rollout vs trainer log-probs
     if algorithm.correction is not None:  # IS weights, rejected units out of the mask (before advantages)
         batch, corr = algorithm.correction(batch)
         metrics |= corr
     if h.ref_model is not None:
-        with amp():
+        with amp(), phase("ref_logprobs"):
             batch = logprob_step(h.ref_model, batch, key="ref_logprobs", **forward)
     if state.critic is not None:
-        with amp():
+        with amp(), phase("values"):
             values = compute_values(state.critic.model, batch, micro_batch_size=cfg.algo.micro_batch_size,
                                     share_prompts=cfg.algo.share_prompts)  # fmt: skip
         batch = batch.with_(values=values)
-    batch, am = advantage_step(batch, algorithm, kl_coef=state.kl_coef)
+    with phase("advantages"):
+        batch, am = advantage_step(batch, algorithm, kl_coef=state.kl_coef)
     batch = faults.poison(batch, step)  # test-only NaN injection (RLCORE_TEST_NAN_AT_STEPS)
     metrics |= am
     update_started = time.perf_counter()
     horizon = cfg.rollout.max_tokens
     if state.critic is not None:
-        with amp():
+        with amp(), phase("critic_update"):
             critic, cm = critic_update(state.critic, batch, algorithm.value_loss_fn, critic_plan(cfg), mesh=h.mesh,
                                        horizon=horizon)  # fmt: skip
         state, metrics = dataclasses.replace(state, critic=critic), metrics | cm
         if step <= cfg.critic.critic_warmup:  # only the critic learns during its warm-up
             return state, metrics, batch
-    with amp():
+    with amp(), phase("update"):
         actor, um = update_step(state.actor, batch, algorithm, actor_plan(cfg), mesh=h.mesh, horizon=horizon,
                                 temperature=cfg.rollout.temperature, seed=step_seed(cfg.trainer.seed, step, "loss"))  # fmt: skip
     metrics |= um

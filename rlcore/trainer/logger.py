@@ -157,12 +157,44 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 
 def memory_metrics() -> dict[str, float]:
-    """`perf/max_memory_mb`: peak resident memory of this process; `perf/rss_mb`: resident now (Linux)."""
+    """`perf/max_memory_mb`: peak resident memory of this process; `perf/rss_mb`: resident now (Linux);
+    on CUDA also `perf/gpu_max_allocated_mb` (the peak since the previous record, which resets it) and
+    `perf/gpu_reserved_mb` (held by the caching allocator now)."""
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux (bytes on macOS)
     metrics = {"perf/max_memory_mb": peak_kb / (2**20 if sys.platform == "darwin" else 1024)}
+    metrics |= gpu_memory_metrics()
     try:
         with open("/proc/self/statm") as f:
             resident_pages = int(f.read().split()[1])
     except OSError:  # not Linux
         return metrics
     return metrics | {"perf/rss_mb": resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**20}
+
+
+def gpu_memory_metrics() -> dict[str, float]:
+    """This process's CUDA memory (empty without CUDA); resets the peak, so each record has its own."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return {}
+    peak = torch.cuda.max_memory_allocated() / 2**20
+    torch.cuda.reset_peak_memory_stats()
+    return {"perf/gpu_max_allocated_mb": peak, "perf/gpu_reserved_mb": gpu_reserved_mb()}
+
+
+def gpu_reserved_mb() -> float:
+    """MiB the CUDA caching allocator holds now (0 without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return 0.0
+    return torch.cuda.memory_reserved() / 2**20
+
+
+def gpu_free_mb() -> float | None:
+    """MiB free on this process's CUDA device (any allocator's memory counts as used); None without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.mem_get_info()[0] / 2**20

@@ -28,7 +28,7 @@ from rlcore.data.rows import DataError
 from rlcore.data.sources import read_sources
 from rlcore.dist.mesh import close_distributed, init_distributed
 from rlcore.dist.placement import Placement, as_world, place
-from rlcore.dist.reduce import all_reduce, all_reduce_int, reduce_metrics
+from rlcore.dist.reduce import all_reduce_int, reduce_metrics
 from rlcore.rewards.custom import RewardSpecError
 from rlcore.rewards.pool import RewardScorer
 from rlcore.state import Rollout, TrainState
@@ -36,9 +36,10 @@ from rlcore.trainer import checkpoints, faults, models, split
 from rlcore.trainer.algorithm import actor_plan, build_algorithm
 from rlcore.trainer.collect import fill, staleness, step_seed, this_rank
 from rlcore.trainer.errors import StopRun, reason
-from rlcore.trainer.health import gap_warning
+from rlcore.trainer.health import Health, check_health
 from rlcore.trainer.learn import TrainingDiverged, check_bad_updates, learn
-from rlcore.trainer.logger import MetricsLogger, read_metrics
+from rlcore.trainer.logger import MetricsLogger, gpu_free_mb, read_metrics
+from rlcore.trainer.phases import StepProfiler, Watchdog, at_step, phase, profile_steps, watching
 from rlcore.trainer.plots import plot_curves
 from rlcore.trainer.samples import SampleWriter
 from rlcore.trainer.sft import sft_batch
@@ -184,30 +185,61 @@ def report_data(cfg: Config, train: PromptDataset, val: PromptDataset | None, lo
 
 
 def loop(state: TrainState, h: Handles, algorithm: Algorithm) -> TrainState:
-    """The training loop; on a rollout rank of split placement, the rollout loop that feeds it."""
+    """The training loop; on a rollout rank of split placement, the rollout loop that feeds it. Both run
+    under the hang watchdog (--trainer.hang-timeout-s)."""
+    with watching(_watchdog(h.cfg)):
+        if not h.placement.trains:
+            return split.rollout_loop(state, h, algorithm, validate=_validation)
+        return _train_loop(state, h, algorithm)
+
+
+def _watchdog(cfg: Config) -> Watchdog | None:
+    if cfg.trainer.hang_timeout_s <= 0:
+        return None
+    return Watchdog(cfg.trainer.hang_timeout_s, rank=_global_rank(), world=_world_size())
+
+
+def _global_rank() -> int:
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def _world_size() -> int:
+    return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+
+
+def _train_loop(state: TrainState, h: Handles, algorithm: Algorithm) -> TrainState:
     cfg = h.cfg
-    if not h.placement.trains:
-        return split.rollout_loop(state, h, algorithm, validate=_validation)
     state = checkpoints.resume(state, h)
     start_engine(state, h)
     if state.step == 0 and val_due(h, 0):
-        h.logger.log(0, _validation(h, 0))
+        with phase("validation"):
+            h.logger.log(0, _validation(h, 0))
     h.logger.begin(state.step)
-    first, last_finite = state.step + 1, {}
+    profiler = StepProfiler(profile_steps(cfg.trainer.profile_steps), h.out_dir, _global_rank())
+    last_finite, health = {}, Health()
     while state.step < cfg.trainer.steps:
+        at_step(state.step + 1)
+        profiler.before(state.step + 1)
         state, metrics = train_step(state, h, algorithm)
         step = state.step
         update = {k: v for k, v in metrics.items() if k.startswith("actor/")}
         last_finite = check_bad_updates(
             state.bad_updates, step, update, last_finite, limit=cfg.trainer.max_bad_updates
         )
-        if step == first:  # the first step this process trains: is the engine's policy the trainer's?
-            _check_gap(h, step, metrics)
+        health, checked, warnings = check_health(health, metrics, step=step, engine=cfg.rollout.engine,
+                                                 dtype=_gap_dtype(cfg), max_tokens=cfg.rollout.max_tokens)  # fmt: skip
+        metrics |= checked
+        if h.placement.writes:
+            for line in warnings:
+                print(line, file=sys.stderr, flush=True)
         if val_due(h, step):
-            metrics |= _validation(h, step)
+            with phase("validation"):
+                metrics |= _validation(h, step)
+        profiler.after(step)
         h.logger.log(step, metrics)
         if checkpoints.save_due(cfg, step):
-            checkpoints.save(state, h)
+            with phase("checkpoint"):
+                checkpoints.save(state, h)
     if h.outbox is not None:  # stream mode: the rollout ranks take the last pushes
         h.outbox.flush()
     _finish(state, h)
@@ -232,7 +264,10 @@ def train_step(state: TrainState, h: Handles, algorithm: Algorithm) -> tuple[Tra
             "timing/step_s": time.perf_counter() - started,
         }
     if h.engine is not None:
+        free = gpu_free_mb()
         h.engine.sleep()
+        if free is not None:  # CUDA: what the engine's sleep gave back to the device (vLLM's pools too)
+            metrics["perf/gpu_sleep_freed_mb"] = gpu_free_mb() - free
     try:
         state, learned, batch = learn(state, h, algorithm, batch)
         h.samples.write(step, batch)
@@ -240,7 +275,8 @@ def train_step(state: TrainState, h: Handles, algorithm: Algorithm) -> tuple[Tra
     finally:
         if h.engine is not None:
             h.engine.wake()
-    state, synced = push(state, h, step=step)
+    with phase("sync"):
+        state, synced = push(state, h, step=step)
     seconds = time.perf_counter() - started
     tokens = batch["attention_mask"].sum() + batch["response_attention"].sum()
     metrics |= learned | synced | {"timing/step_s": seconds, "throughput/tokens_per_s": tokens / seconds}
@@ -300,18 +336,9 @@ def start_engine(state: TrainState, h: Handles) -> None:
         models.push_weights(state.actor.model, h.engine, bucket_bytes=bucket)
 
 
-def _check_gap(h: Handles, step: int, metrics: dict[str, float]) -> None:
-    """One `warning:` line when the rollout/trainer gap (max over ranks) is above the dtype's bound; only
-    for a batch the current weights generated (a lagged one differs by design). Every rank agrees."""
-    if metrics.get("pipeline/staleness_max", 0.0) > 0:  # reduced over ranks: the same everywhere
-        return
-    local = metrics.get("rollout/logprob_diff_max", 0.0)  # absent: sft, or an empty step
-    gap = float(all_reduce(torch.tensor(local, device=h.dist.device), h.mesh, op="max"))
-    dtypes = (h.cfg.model.dtype, h.cfg.model.compute_dtype)  # a bf16 pass on either side widens the gap
-    dtype = "bfloat16" if "bfloat16" in dtypes else "float32"
-    line = gap_warning(gap, engine=h.cfg.rollout.engine, dtype=dtype, step=step)
-    if line and h.dist.rank == 0:
-        print(line, file=sys.stderr, flush=True)
+def _gap_dtype(cfg: Config) -> str:
+    """The dtype whose rollout/trainer gap bound applies: bf16 when either side computes in bf16."""
+    return "bfloat16" if "bfloat16" in (cfg.model.dtype, cfg.model.compute_dtype) else "float32"
 
 
 def _validation(h: Handles, step: int) -> dict[str, float]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import subprocess
@@ -98,3 +99,54 @@ def test_progress_is_a_bar_on_a_terminal_and_a_line_per_step_when_piped(tmp_path
     lines = [x for x in piped.stderr.splitlines() if x.startswith("step ")]
     assert [x.split(" |")[0] for x in lines] == ["step 1/2", "step 2/2"] and "step/s" not in piped.stderr
     assert all("ppo_kl " in x and "kl_ref " in x and "ETA " in x for x in lines), lines
+
+
+def test_multi_turn_samples_show_the_observations_apart(tmp_path) -> None:
+    """The calculator task's tool results are observations inside the response: `turns` sets them apart."""
+    ok(train("grpo", "--model.path", "builtin:tiny-calc", "--data.train-files", "builtin:calc", "--data.val-files",
+             "builtin:calc", "--rollout.max-turns", "2", "--rollout.max-tokens", "64", "--data.batch-size", "4",
+             "--rollout.n", "4", "--trainer.steps", "1", "--trainer.val-every", "0", "--log.no-progress",
+             "--log.samples", "16", out=tmp_path))  # fmt: skip
+    rows = read_jsonl(tmp_path / "samples.jsonl")
+    multi = [r for r in rows if "turns" in r]
+    assert len(rows) == 16 and multi, rows
+    for r in multi:
+        assert "".join(t["text"] for t in r["turns"]) == r["response"]
+        observations = [t["text"] for t in r["turns"] if t["role"] == "observation"]
+        assert observations and all(o.startswith("<result>") for o in observations), r["turns"]
+
+
+def test_a_profile_trace_of_the_chosen_steps_loads_as_json_with_the_phases(tmp_path) -> None:
+    ok(train("grpo", *SMALL, "--trainer.steps", "3", "--trainer.val-every", "3", "--trainer.profile-steps", "2:3",
+             "--algo.rollout-is", "token", "--algo.kl-coef", "0.01", out=tmp_path))  # fmt: skip
+    (path,) = (tmp_path / "profile").iterdir()
+    assert path.name == "rank0-steps2-3.json"
+    events = json.loads(path.read_text())["traceEvents"]
+    ranges = [e for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation"]
+    counts = {name: sum(e["name"] == name for e in ranges) for name in
+              ("rollout", "scoring", "logprobs", "ref_logprobs", "advantages", "update", "sync", "validation")}  # fmt: skip
+    assert counts == {"rollout": 2, "scoring": 2, "logprobs": 2, "ref_logprobs": 2, "advantages": 2, "update": 2,
+                      "sync": 2, "validation": 1}, counts  # fmt: skip
+
+
+def test_health_warnings_fire_once_when_a_condition_starts(tmp_path) -> None:
+    """A reward that is always 0 (no learning signal from step 3) and 2-token responses (every one cut at
+    --rollout.max-tokens): one warning line each, when it starts; the health metrics at every step."""
+    reward = tmp_path / "constant.py"
+    reward.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n"
+    )
+    proc = train("grpo", *SMALL, "--trainer.steps", "4", "--trainer.val-every", "0", "--rollout.max-tokens", "2",
+                 "--reward.custom", f"{reward}:compute_score", out=tmp_path / "run")  # fmt: skip
+    ok(proc)
+    warnings = [x for x in proc.stderr.splitlines() if x.startswith("warning:")]
+    assert len(warnings) == 2, proc.stderr[-3000:]
+    assert warnings[0].startswith("warning: step 1: 100% of the responses were cut at --rollout.max-tokens 2")
+    assert warnings[1].startswith(
+        "warning: step 3: every prompt group's samples have scored the same for 3 steps"
+    )
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["health/no_signal_streak"] for r in records] == [1.0, 2.0, 3.0, 4.0]
+    assert all(
+        r["health/length_pinned"] == 1.0 and r["train/equal_reward_group_frac"] == 1.0 for r in records
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -36,7 +37,7 @@ def torchrun(*args: str, timeout: float = 300, env: dict | None = None) -> subpr
 def test_two_ranks_sample_from_the_synced_unsharded_copy(tmp_path):
     """The native engine of each rank runs an unsharded copy refreshed after every update: the rollout
     log-probs equal the sharded trainer's on every step (a stale copy is off by ~0.1 from step 2 on)."""
-    proc = torchrun(*ARGS, "--out-dir", str(tmp_path))
+    proc = torchrun(*ARGS, "--trainer.profile-steps", "3:3", "--out-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     records = read_metrics(tmp_path / "metrics.jsonl")
@@ -44,6 +45,10 @@ def test_two_ranks_sample_from_the_synced_unsharded_copy(tmp_path):
     assert all(r["rollout/logprob_diff_max"] < 1e-4 for r in records), records
     assert records[-1]["actor/grad_norm"] > 0
     assert (tmp_path / "final" / "model.safetensors").is_file()
+    for rank in (0, 1):  # --trainer.profile-steps: a Chrome trace per rank, the step's phases as ranges
+        trace = json.loads((tmp_path / "profile" / f"rank{rank}-steps3-3.json").read_text())
+        names = {event.get("name") for event in trace["traceEvents"]}
+        assert {"rollout", "scoring", "advantages", "update", "sync"} <= names, rank
 
 
 def test_two_ranks_with_dynamic_sampling(tmp_path):
