@@ -24,6 +24,29 @@ from rlcore.dist.transfer import json_tensor, tensor_json
 from rlcore.update import ModelState
 
 
+@dataclasses.dataclass(frozen=True)
+class Health:
+    """What the run-health checks carry from step to step (`rlcore.trainer.health.check_health`)."""
+
+    no_signal_streak: int = 0
+    """Consecutive steps in which every prompt group's samples scored the same."""
+    first_entropy: float | None = None
+    """The policy entropy of the first step that had one (the entropy-collapse reference)."""
+    on: frozenset[str] = frozenset()
+    """The conditions that held at the last step (a warning is printed when one starts)."""
+
+    def to_json(self) -> dict:
+        return {
+            "no_signal_streak": self.no_signal_streak,
+            "first_entropy": self.first_entropy,
+            "on": sorted(self.on),
+        }
+
+    @classmethod
+    def from_json(cls, doc: Mapping) -> Health:
+        return cls(doc["no_signal_streak"], doc["first_entropy"], frozenset(doc["on"]))
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Rollout:
     """A batch generated ahead of the step that trains on it (lag mode)."""
@@ -59,6 +82,9 @@ class TrainState:
     policy_version: int = 0
     """The version of the weights the rollout engine samples with: 0 the starting (or restored) ones,
     +1 per push after an update (the asynchronous pipeline bounds the gap to the trainer's by it)."""
+    health: Health = Health()
+    """The run-health checks' memory (streaks, the first entropy, the conditions on), checkpointed so a
+    resumed run reports and warns as the uninterrupted one."""
 
     @property
     def bad_updates(self) -> int:

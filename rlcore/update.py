@@ -110,8 +110,10 @@ def build_optimizer(
     eps: float = 1e-8,
     weight_decay: float = 0.0,
 ) -> Optimizer:
-    """AdamW over every parameter of `model` (sharded DTensors included), weight decay on all of them."""
-    return AdamW(model.parameters(), lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    """AdamW over every trained parameter of `model` (`requires_grad`: a LoRA model's adapters only;
+    sharded DTensors included), weight decay on all of them."""
+    trained = [p for p in model.parameters() if p.requires_grad]
+    return AdamW(trained, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
 
 def lr_factor(update: int, *, warmup: int, total: int, schedule: str, min_ratio: float) -> float:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlcore.trainer.health import NO_SIGNAL_STEPS, Health, check_health
+from rlcore.state import Health
+from rlcore.trainer.health import NO_SIGNAL_STEPS, check_health
 
 KW = {"engine": "native", "dtype": "float32", "max_tokens": 16}
 OK = {"train/equal_reward_group_frac": 0.5, "actor/entropy": 1.0, "rollout/logprob_diff_max": 1e-6,

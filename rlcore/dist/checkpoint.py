@@ -35,6 +35,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
@@ -46,6 +47,19 @@ from rlcore.dist import safe_dcp
 
 _STEP = re.compile(r"^step_(\d+)$")
 COMPLETE = "COMPLETE"
+
+
+TRAINED = StateDictOptions(ignore_frozen_params=True, strict=False)
+"""A model saved with its optimizer keeps its trained parameters only (a LoRA model: the adapters; the
+frozen base is the base model's files, checked on resume by identity). Loading is not strict about the
+frozen ones left out; DCP itself refuses a checkpoint that lacks a trained one."""
+
+
+def _trained(model: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+    """`state` without a frozen parameter that `ignore_frozen_params` keeps under a tied name (a LoRA
+    model's lm_head, tied to its frozen embedding)."""
+    frozen = {name for name, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    return {k: v for k, v in state.items() if k not in frozen}
 
 
 def _rank() -> int:
@@ -147,8 +161,8 @@ def save_checkpoint(
                 if optimizer is None:
                     state = {"model": get_model_state_dict(model)}
                 else:
-                    model_sd, optim_sd = get_state_dict(model, optimizer)
-                    state = {"model": model_sd, "optim": optim_sd}
+                    model_sd, optim_sd = get_state_dict(model, optimizer, options=TRAINED)
+                    state = {"model": _trained(model, model_sd), "optim": optim_sd}
                 dcp.save(state, checkpoint_id=tmp / "dcp", process_group=dcp_group, no_dist=_no_dist())
             if _group_rank(dcp_group) == 0:
                 (tmp / "extra.json").write_text(text)
@@ -201,10 +215,11 @@ def _load_model(path: Path, model: nn.Module, optimizer: Optimizer | None, group
             safe_dcp.load(state, path / "dcp", no_dist=_no_dist(), process_group=group)
             set_model_state_dict(model, state["model"])
         else:
-            model_sd, optim_sd = get_state_dict(model, optimizer)
-            state = {"model": model_sd, "optim": optim_sd}
+            model_sd, optim_sd = get_state_dict(model, optimizer, options=TRAINED)
+            state = {"model": _trained(model, model_sd), "optim": optim_sd}
             safe_dcp.load(state, path / "dcp", no_dist=_no_dist(), process_group=group)
-            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                           options=TRAINED)  # fmt: skip
 
 
 def _steps(root: Path) -> list[tuple[int, Path]]:

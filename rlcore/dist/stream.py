@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +66,12 @@ def unique_state(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
 
 
 def iter_full_state(
-    model: nn.Module, *, bucket_bytes: int = BUCKET_BYTES, all_ranks: bool = False, group: Any = None
+    model: nn.Module,
+    *,
+    bucket_bytes: int = BUCKET_BYTES,
+    all_ranks: bool = False,
+    group: Any = None,
+    state: Callable[[nn.Module], Iterable[tuple[str, Tensor]]] | None = None,
 ) -> Iterator[list[tuple[str, Tensor]]]:
     """Buckets of (name, full tensor), about `bucket_bytes` each, on the first rank of `group` (default:
     rank 0; on every rank with `all_ranks`, for engines that each rank runs); empty lists elsewhere.
@@ -77,7 +82,7 @@ def iter_full_state(
     is_main = all_ranks or _rank(group) == 0
     bucket: list[tuple[str, Tensor]] = []
     size = 0
-    for name, value in unique_state(model):
+    for name, value in (state or unique_state)(model):
         full = _full_tensor(value)
         size += full.numel() * full.element_size()
         if is_main:
@@ -137,6 +142,7 @@ def save_hf_pretrained(
     bucket_bytes: int = 2 * 2**30,
     every_rank: bool = False,
     group: Any = None,
+    state: Callable[[nn.Module], Iterable[tuple[str, Tensor]]] | None = None,
 ) -> Path | None:
     """Write a `from_pretrained`-loadable directory from `model` (every rank of `group` calls, default
     all; its first rank writes, or every rank to its own `out_dir` with `every_rank`, e.g. a node-local
@@ -145,7 +151,8 @@ def save_hf_pretrained(
     One safetensors file per bucket (`model.safetensors` when there is one, else
     `model-0000k-of-0000n.safetensors` with `model.safetensors.index.json`), the config (with the
     architecture and dtype of the saved weights), the generation config and the tokenizer.
-    Returns the directory where it was written, None elsewhere.
+    `state` gives the (name, tensor) pairs to write (default `unique_state`; a LoRA model's export
+    passes `rlcore.models.lora.merged_state`). Returns the directory where it was written, None elsewhere.
     """
     out = Path(out_dir)
     is_main = every_rank or _rank(group) == 0
@@ -153,7 +160,8 @@ def save_hf_pretrained(
         out.mkdir(parents=True, exist_ok=True)
     files: list[tuple[Path, list[str]]] = []
     dtype = None
-    for k, bucket in enumerate(iter_full_state(model, bucket_bytes=bucket_bytes, all_ranks=every_rank, group=group)):
+    buckets = iter_full_state(model, bucket_bytes=bucket_bytes, all_ranks=every_rank, group=group, state=state)
+    for k, bucket in enumerate(buckets):
         if not is_main:
             continue
         path = out / f"part-{k:05d}.safetensors"

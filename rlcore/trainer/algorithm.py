@@ -14,7 +14,7 @@ import inspect
 from functools import partial
 from typing import Any
 
-from configs import AlgoConfig, Config, CriticConfig, OptimConfig, corrects
+from configs import FULL_LR, AlgoConfig, Config, CriticConfig, OptimConfig, corrects
 from rlcore.algorithm import ESTIMATOR_INPUTS, Algorithm, parameters
 from rlcore.pure.advantages import ESTIMATORS
 from rlcore.pure.losses import POLICY_LOSSES, value_loss
@@ -100,7 +100,11 @@ def critic_plan(cfg: Config) -> UpdatePlan:
 def optimizer(model: Any, optim: OptimConfig) -> Any:
     """AdamW with --optim's settings."""
     return build_optimizer(
-        model, lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
+        model,
+        lr=optim.lr if optim.lr is not None else FULL_LR,
+        betas=optim.betas,
+        eps=optim.eps,
+        weight_decay=optim.weight_decay,
     )
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcore.dist.transfer import json_tensor, tensor_json
-from rlcore.state import TrainState, rollouts_from_tensors, rollouts_to_tensors
+from rlcore.state import Health, TrainState, rollouts_from_tensors, rollouts_to_tensors
 from rlcore.trainer import faults
 from rlcore.trainer.errors import StopRun, reason
 
@@ -43,7 +43,22 @@ def _extra(state: TrainState, h: Any) -> dict[str, Any]:
         "actor_updates": state.actor.step,
         "policy_version": state.policy_version,
         "placement": _placement(h),
+        "base": _base(h.cfg),
+        "health": state.health.to_json(),
         **({} if h.placement.split else _generator_extra(state, h)),
+    }
+
+
+def _base(cfg: Any) -> dict[str, Any]:
+    """What a LoRA checkpoint's adapters were trained on (a resume must load the same base and shape)."""
+    m = cfg.model
+    if m.lora_rank == 0:
+        return {"lora_rank": 0}
+    return {
+        "path": m.path,
+        "lora_rank": m.lora_rank,
+        "lora_alpha": m.lora_alpha,
+        "lora_targets": list(m.lora_targets),
     }
 
 
@@ -140,6 +155,7 @@ def resume(state: TrainState, h: Any) -> TrainState:
             "checkpoints/step_<N> directory written by a finished save, or auto, or none"
         )
     _check_placement(path, h, spec)
+    _check_base(path, h, spec)
     try:
         state = _load(state, h, path) if h.placement.trains else _load_rollout(state, h, path)
     except (*LOAD_ERRORS, _checkpoint_exception()) as e:
@@ -161,6 +177,19 @@ def _check_placement(path: Path, h: Any, spec: str) -> None:
         raise StopRun(
             f"--resume {spec}: {path} was saved with {said}; resume it with the same --pipeline.placement "
             "and --pipeline.rollout-ranks (or use --resume none)"
+        )
+
+
+def _check_base(path: Path, h: Any, spec: str) -> None:
+    """Refuse a checkpoint whose adapters were trained on another base model or with another LoRA shape
+    (checkpoints without the record, from before LoRA, are full-weight ones: nothing to check)."""
+    extra = path / "extra.json"
+    saved = json.loads(extra.read_text()).get("base") if extra.is_file() else None
+    if saved is not None and saved != _base(h.cfg):
+        said = ", ".join(f"{k} {saved[k]}" for k in _base(h.cfg) if k in saved)
+        raise StopRun(
+            f"--resume {spec}: {path} holds a model trained with {said}; resume it with the same --model.path "
+            "and --model.lora-* flags (or use --resume none)"
         )
 
 
@@ -190,6 +219,7 @@ def _load(state: TrainState, h: Any, path: Path) -> TrainState:
     return dataclasses.replace(
         state, actor=actor, critic=critic, step=step, kl_coef=float(extra["kl_coef"]), cursor=cursor,
         policy_version=extra.get("policy_version", step), pending=pending,
+        health=Health.from_json(extra["health"]) if "health" in extra else Health(),
     )  # fmt: skip
 
 

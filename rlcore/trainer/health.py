@@ -17,8 +17,9 @@ order disagree by a few hundredths).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
+
+from rlcore.state import Health
 
 GAP_BOUNDS = {"float32": 1e-3, "bfloat16": 0.15}
 """The largest rollout/trainer log-prob gap of a healthy step, per --model.dtype."""
@@ -44,25 +45,13 @@ PINNED_CLIP_RATIO = 0.9
 """`length_pinned`: at least this fraction of the responses cut at --rollout.max-tokens."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Health:
-    """What the run-health checks carry from step to step (`check_health`)."""
-
-    no_signal_streak: int = 0
-    """Consecutive steps in which every prompt group's samples scored the same."""
-    first_entropy: float | None = None
-    """The policy entropy of the first step that had one (the entropy-collapse reference)."""
-    on: frozenset[str] = frozenset()
-    """The conditions that held at the last step (a warning is printed when one starts)."""
-
-
 def check_health(
     health: Health, metrics: dict[str, float], *, step: int, engine: str, dtype: str, max_tokens: int
 ) -> tuple[Health, dict[str, float], list[str]]:
     """The next `Health`, the step's `health/*` metrics, and a `warning:` line for each condition that
     starts at this step: no learning signal for NO_SIGNAL_STEPS steps, entropy collapse, a rollout/trainer
-    log-prob gap above the dtype's bound (only for a batch the current weights generated: a lagged one
-    differs by design), response lengths pinned at --rollout.max-tokens. `metrics` are the step's,
+    log-prob gap above the dtype's bound (only for a batch the current weights generated, a lagged one
+    differs by design, and an update that was not skipped as non-finite), response lengths pinned at --rollout.max-tokens. `metrics` are the step's,
     already reduced over ranks, so every rank reaches the same verdict."""
     equal = metrics.get("train/equal_reward_group_frac")
     streak = health.no_signal_streak + 1 if equal is not None and equal >= 1.0 else 0
@@ -72,7 +61,8 @@ def check_health(
         first = entropy
     ratio = entropy / first if entropy is not None and first else None
     fresh = metrics.get("pipeline/staleness_max", 0.0) == 0
-    gap = metrics.get("rollout/logprob_diff_max") if fresh else None
+    skipped = metrics.get("actor/bad_updates", 0.0) > 0  # a non-finite update: its metrics are NaN, and
+    gap = metrics.get("rollout/logprob_diff_max") if fresh and not skipped else None  # the guard reports it
     gap_line = gap_warning(gap, engine=engine, dtype=dtype, step=step) if gap is not None else None
     clip = metrics.get("response/clip_ratio")
     checks: dict[str, tuple[bool, Callable[[], str]]] = {

@@ -8,10 +8,12 @@ advantage math does not. The engine sleeps meanwhile (the caller's job).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -54,9 +56,9 @@ def learn(
     if algorithm.correction is not None:  # IS weights, rejected units out of the mask (before advantages)
         batch, corr = algorithm.correction(batch)
         metrics |= corr
-    if h.ref_model is not None:
-        with amp(), phase("ref_logprobs"):
-            batch = logprob_step(h.ref_model, batch, key="ref_logprobs", **forward)
+    if algorithm_needs_ref(cfg):
+        with amp(), phase("ref_logprobs"), reference(state, h) as ref:
+            batch = logprob_step(ref, batch, key="ref_logprobs", **forward)
     if state.critic is not None:
         with amp(), phase("values"):
             values = compute_values(state.critic.model, batch, micro_batch_size=cfg.algo.micro_batch_size,
@@ -84,6 +86,23 @@ def learn(
     if cfg.algo.kl_coef > 0 and cfg.algo.kl_ctrl == "adaptive":
         kl_coef = next_kl_coef(h, kl_coef, metrics["actor/reward_kl_penalty"], rows=len(batch))
     return dataclasses.replace(state, actor=actor, kl_coef=kl_coef), metrics, batch
+
+
+def algorithm_needs_ref(cfg: Any) -> bool:
+    """Whether the step needs reference log-probs (a KL penalty in the reward or a KL loss)."""
+    return cfg.algo.kl_coef > 0 or cfg.algo.use_kl_loss
+
+
+@contextlib.contextmanager
+def reference(state: TrainState, h: Any) -> Iterator[Any]:
+    """The reference policy: the frozen copy, or (LoRA) the actor itself with its adapter disabled."""
+    if h.ref_model is not None:
+        yield h.ref_model
+        return
+    from rlcore.models.lora import adapter_disabled
+
+    with adapter_disabled(state.actor.model):
+        yield state.actor.model
 
 
 def next_kl_coef(h: Any, coef: float, local_kl: torch.Tensor, *, rows: int) -> float:

@@ -34,6 +34,8 @@ def build_policy(cfg: Config, dist: Any, mesh: Any) -> tuple[Any, Any]:
     """The trained policy (sharded with FSDP2 over the mesh when there is more than one rank)."""
     model, tokenizer = _load(cfg, dist)
     model.train()
+    if cfg.model.lora_rank > 0:
+        model = _with_lora(model, cfg)
     if cfg.model.activation_checkpointing:
         from rlcore.dist.fsdp import apply_activation_checkpointing
 
@@ -43,6 +45,19 @@ def build_policy(cfg: Config, dist: Any, mesh: Any) -> tuple[Any, Any]:
 
         apply_fsdp(model, mesh)
     return model, tokenizer
+
+
+def _with_lora(model: Any, cfg: Config) -> Any:
+    """The policy with --model.lora-* adapters (only they train)."""
+    from rlcore.models.lora import apply_lora
+
+    m = cfg.model
+    try:
+        return apply_lora(
+            model, rank=m.lora_rank, alpha=m.lora_alpha, dropout=m.lora_dropout, targets=m.lora_targets
+        )
+    except ValueError as e:
+        raise ConfigError(f"--model.lora-targets {' '.join(m.lora_targets) or '(all linear)'}: {e}") from None
 
 
 def build_engine_copy(cfg: Config, dist: Any) -> tuple[Any, Any]:
@@ -56,7 +71,10 @@ def build_engine_copy(cfg: Config, dist: Any) -> tuple[Any, Any]:
 
 
 def build_reference(cfg: Config, dist: Any, mesh: Any) -> Any:
-    """A frozen copy of the starting policy, sharded like it, never updated."""
+    """A frozen copy of the starting policy, sharded like it, never updated (None with LoRA: the
+    reference is then the policy with its adapter disabled, `reference_logprobs`)."""
+    if cfg.model.lora_rank > 0:
+        return None
     model, _ = _load(cfg, dist)
     model.eval().requires_grad_(False)
     if mesh is not None:
@@ -203,12 +221,20 @@ def engine_holds(model: Any, engine: Any) -> bool | None:
     return same
 
 
-def save_final(model: Any, tokenizer: Any, out_dir: Any, *, group: Any = None) -> None:
+def save_final(
+    model: Any, tokenizer: Any, out_dir: Any, *, group: Any = None, base: str | None = None
+) -> None:
     """out_dir/final: a Hugging Face directory that from_pretrained (and vLLM) loads (every rank of
-    `group` calls it, default all; the first writes)."""
+    `group` calls it, default all; the first writes). A LoRA policy is saved merged, and its adapter in
+    final/adapter/ (`peft.PeftModel.from_pretrained(<base model>, final/adapter)`; `base`: its path)."""
     from rlcore.dist.stream import save_hf_pretrained
+    from rlcore.models.lora import is_lora, merged_state, save_adapter
 
-    save_hf_pretrained(model, tokenizer, out_dir / "final", group=group)
+    if not is_lora(model):
+        save_hf_pretrained(model, tokenizer, out_dir / "final", group=group)
+        return
+    save_hf_pretrained(model, tokenizer, out_dir / "final", group=group, state=merged_state)
+    save_adapter(model, out_dir / "final" / "adapter", base=base)
 
 
 def build_critic_state(cfg: Config, dist: Any, mesh: Any) -> Any:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from configs import Config, ConfigError, validate
+from configs import Config, ConfigError, resolved, validate
 from rlcore.algorithm import Algorithm
 from rlcore.data.dataset import Cursor, PromptDataset
 from rlcore.data.rows import DataError
@@ -36,8 +36,8 @@ from rlcore.trainer import checkpoints, faults, models, split
 from rlcore.trainer.algorithm import actor_plan, build_algorithm
 from rlcore.trainer.collect import fill, staleness, step_seed, this_rank
 from rlcore.trainer.errors import StopRun, reason
-from rlcore.trainer.health import Health, check_health
-from rlcore.trainer.learn import TrainingDiverged, check_bad_updates, learn
+from rlcore.trainer.health import check_health
+from rlcore.trainer.learn import TrainingDiverged, algorithm_needs_ref, check_bad_updates, learn
 from rlcore.trainer.logger import MetricsLogger, gpu_free_mb, read_metrics
 from rlcore.trainer.phases import StepProfiler, Watchdog, at_step, phase, profile_steps, watching
 from rlcore.trainer.plots import plot_curves
@@ -80,6 +80,7 @@ class Handles:
 
 def run(cfg: Config) -> int:
     """Train to the end; user errors print one line and return 2, a diverged run 3."""
+    cfg = resolved(cfg)  # defaults that depend on other flags (the LoRA learning rate)
     try:
         state, h, algorithm = build(cfg)
     except USER_ERRORS as e:
@@ -131,7 +132,7 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm]:
     r = cfg.reward
     scorer = RewardScorer(r.custom, data_sources=sources, num_workers=r.num_workers, timeout_s=r.timeout_s,
                           failure_score=r.failure_score, max_error_rate=r.max_error_rate) if generates else None  # fmt: skip
-    needs_ref = (cfg.algo.kl_coef > 0 or cfg.algo.use_kl_loss) and trains
+    needs_ref = algorithm_needs_ref(cfg) and trains
     ref_model = models.build_reference(cfg, dist, mesh) if needs_ref else None
     actor = models.build_state(cfg, model, dist) if trains else None
     engine = None
@@ -146,6 +147,8 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm]:
                            wandb_project=cfg.log.project, run_name=out_dir.name, config=dataclasses.asdict(cfg),
                            progress=cfg.log.progress)  # fmt: skip
     report_data(cfg, train_ds, val_ds, logger, prints=placement.writes)
+    if actor is not None:  # what trains (a LoRA policy: the adapters) and what the optimizer holds
+        logger.once(parameter_counts(actor))
     samples = SampleWriter(out_dir, tokenizer, k=cfg.log.samples if placement.writes else 0,
                            wandb_run=logger.wandb_run)  # fmt: skip
     state = TrainState(actor=actor, critic=critic, kl_coef=cfg.algo.kl_coef, cursor=Cursor())
@@ -166,6 +169,17 @@ def _datasets(cfg: Config, tokenizer: Any) -> tuple[PromptDataset, PromptDataset
         rows = read_sources(d.val_files, split="val", builtin_size=d.builtin_val_size, seed=seed)
         val = PromptDataset(rows, tokenizer, seed=seed, shuffle=False, name="--data.val-files", **common)
     return train, val
+
+
+def parameter_counts(actor: Any) -> dict[str, float]:
+    """`model/params`, `model/trainable_params` and `model/optimizer_params` (whole tensors, sharded or not)."""
+    params = list(actor.model.parameters())
+    held = [p for group in actor.optimizer.param_groups for p in group["params"]]
+    return {
+        "model/params": float(sum(p.numel() for p in params)),
+        "model/trainable_params": float(sum(p.numel() for p in params if p.requires_grad)),
+        "model/optimizer_params": float(sum(p.numel() for p in held)),
+    }
 
 
 def report_data(cfg: Config, train: PromptDataset, val: PromptDataset | None, logger: MetricsLogger, *,
@@ -216,7 +230,7 @@ def _train_loop(state: TrainState, h: Handles, algorithm: Algorithm) -> TrainSta
             h.logger.log(0, _validation(h, 0))
     h.logger.begin(state.step)
     profiler = StepProfiler(profile_steps(cfg.trainer.profile_steps), h.out_dir, _global_rank())
-    last_finite, health = {}, Health()
+    last_finite = {}
     while state.step < cfg.trainer.steps:
         at_step(state.step + 1)
         profiler.before(state.step + 1)
@@ -226,9 +240,9 @@ def _train_loop(state: TrainState, h: Handles, algorithm: Algorithm) -> TrainSta
         last_finite = check_bad_updates(
             state.bad_updates, step, update, last_finite, limit=cfg.trainer.max_bad_updates
         )
-        health, checked, warnings = check_health(health, metrics, step=step, engine=cfg.rollout.engine,
+        health, checked, warnings = check_health(state.health, metrics, step=step, engine=cfg.rollout.engine,
                                                  dtype=_gap_dtype(cfg), max_tokens=cfg.rollout.max_tokens)  # fmt: skip
-        metrics |= checked
+        state, metrics = dataclasses.replace(state, health=health), metrics | checked
         if h.placement.writes:
             for line in warnings:
                 print(line, file=sys.stderr, flush=True)
@@ -357,7 +371,9 @@ def _finish(state: TrainState, h: Handles) -> None:
     from safetensors import SafetensorError
 
     try:
-        models.save_final(state.actor.model, h.tokenizer, h.out_dir, group=h.placement.trainers)
+        models.save_final(
+            state.actor.model, h.tokenizer, h.out_dir, group=h.placement.trainers, base=h.cfg.model.path
+        )
         if h.placement.writes:
             records = read_metrics(h.out_dir / "metrics.jsonl")
             plot_curves(records, h.out_dir / "curves.png", title=f"{h.cfg.preset}: {h.cfg.model.path}")

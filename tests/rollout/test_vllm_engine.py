@@ -399,7 +399,7 @@ def test_train_py_rolls_out_on_vllm_with_weights_synced_every_step(ranks: int, t
     assert all(r["rollout/logprob_diff_max"] < 1e-3 for r in records[1:]), records
     assert records[-1]["actor/grad_norm"] > 0 and "val/reward_mean" in records[-1]
     assert all(r["sync/bytes"] > 4e6 and r["timing/sync_s"] > 0 for r in records[1:])  # ~4.8M fp32 params
-    assert "warning:" not in proc.stderr
+    assert "log-probs differ" not in proc.stderr  # no gap warning (a random init may warn of its health)
 
 
 def test_train_py_warns_at_step_1_when_the_engine_runs_another_policy(tmp_path) -> None:
@@ -421,6 +421,8 @@ def test_train_py_warns_at_step_1_when_the_engine_runs_another_policy(tmp_path) 
     proc = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=400, env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    warnings = [
+        line for line in proc.stderr.splitlines() if line.startswith("warning:") and "log-probs" in line
+    ]
     assert len(warnings) == 1, proc.stderr[-3000:]
     assert warnings[0].startswith("warning: step 1: the vllm engine's log-probs differ"), warnings

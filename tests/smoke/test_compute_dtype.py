@@ -15,7 +15,7 @@ def test_bf16_compute_runs_the_trainer_passes_in_bf16_and_the_rollout_in_fp32(tm
     for dtype in ("float32", "bfloat16"):
         proc = train("grpo", *FLAGS, "--model.compute-dtype", dtype, out=tmp_path / dtype)
         ok(proc)
-        assert "warning:" not in proc.stderr, proc.stderr[-2000:]
+        assert "log-probs differ" not in proc.stderr, proc.stderr[-2000:]  # no gap warning
         runs[dtype] = read_metrics(tmp_path / dtype / "metrics.jsonl")
     for r in runs["float32"]:
         assert r["rollout/logprob_diff_max"] < 1e-4

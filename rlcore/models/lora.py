@@ -1,0 +1,123 @@
+"""LoRA adapters on a Hugging Face model, with `peft`: only the adapters train, the base is the reference.
+
+    model = apply_lora(model, rank=16, alpha=32, dropout=0.0, targets=())   # () = every attention/MLP linear
+    with adapter_disabled(model):            # the base model: the KL reference, no second copy
+        ref_logits = model(input_ids).logits
+    save_adapter(model, "final/adapter")     # loads with peft.PeftModel.from_pretrained(base, dir)
+    for name, tensor in merged_state(model): # base weights + B A * alpha / r, Hugging Face names
+
+`apply_lora` wraps the targeted `nn.Linear` layers in place (`peft.get_peft_model`) and returns the
+Hugging Face module itself, now holding `peft` LoRA layers: the trainer, the engine and the forward
+passes keep calling it as before. Base weights are frozen (`requires_grad=False`), so the optimizer
+(`build_optimizer`) and the checkpoints (DCP without frozen parameters) hold the adapters only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import Tensor, nn
+
+ADAPTER = "default"
+"""The adapter's name inside peft's layers (parameters `lora_A.default.weight`, ...)."""
+
+
+def apply_lora(
+    model: nn.Module, *, rank: int, alpha: float, dropout: float, targets: Sequence[str]
+) -> nn.Module:
+    """`model` with LoRA adapters on `targets` (module name suffixes; empty: every linear layer of the
+    attention and MLP blocks, peft's "all-linear", which leaves the output head alone). ValueError
+    naming a target the model does not have."""
+    from peft import LoraConfig, get_peft_model
+
+    if rank <= 0:
+        raise ValueError(f"LoRA rank {rank}: must be >= 1")
+    missing = missing_targets(model, targets)
+    if missing:
+        linears = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+        raise ValueError(f"LoRA targets {missing} are not linear layers of the model; it has {linears}")
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=list(targets) or "all-linear",
+        bias="none",
+    )
+    return get_peft_model(model, config).get_base_model()
+
+
+def missing_targets(model: nn.Module, targets: Sequence[str]) -> list[str]:
+    """The targets that name no `nn.Linear` of `model` (by the last part of its module name)."""
+    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    return [t for t in targets if t not in names]
+
+
+def is_lora(model: nn.Module) -> bool:
+    """Whether `model` holds LoRA layers (`apply_lora`)."""
+    return any(_is_lora_layer(m) for m in model.modules())
+
+
+def _is_lora_layer(module: nn.Module) -> bool:
+    from peft.tuners.lora import LoraLayer
+
+    return isinstance(module, LoraLayer)
+
+
+@contextlib.contextmanager
+def adapter_disabled(model: nn.Module) -> Iterator[None]:
+    """Within the block `model` computes as its base model (every LoRA layer skips its adapter)."""
+    layers = [m for m in model.modules() if _is_lora_layer(m)]
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
+
+
+def base_name(name: str) -> str:
+    """A parameter's name in the base model: `x.q_proj.base_layer.weight` -> `x.q_proj.weight`."""
+    return name.replace(".base_layer.", ".")
+
+
+def merged_state(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """(base name, tensor) of the base model with every adapter merged into its weight (W + scale B A),
+    each tied tensor once; the adapter's own parameters are left out."""
+    layers = {name: m for name, m in model.named_modules() if _is_lora_layer(m)}
+    seen: set[int] = set()
+    for name, value in model.state_dict(keep_vars=True).items():
+        if ".lora_" in name or id(value) in seen:
+            continue
+        seen.add(id(value))
+        owner = name.rsplit(".base_layer.", 1)[0]
+        if owner in layers and name.endswith(".base_layer.weight"):
+            with torch.no_grad():
+                value = value.detach() + layers[owner].get_delta_weight(ADAPTER).to(value.dtype)
+        yield base_name(name), value.detach()
+
+
+def adapter_state(model: nn.Module) -> dict[str, Tensor]:
+    """The adapter's tensors under peft's saved names (`base_model.model.<module>.lora_A.weight`)."""
+    return {
+        "base_model.model." + name.replace(f".{ADAPTER}.", "."): p.detach().to("cpu").contiguous()
+        for name, p in model.named_parameters()
+        if ".lora_" in name
+    }
+
+
+def save_adapter(model: nn.Module, directory: str | Path, *, base: str | None = None) -> Path:
+    """Write the adapter as peft does (`adapter_config.json`, `adapter_model.safetensors`): loads with
+    `peft.PeftModel.from_pretrained(base_model, directory)`. `base`: the base model's path or id."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    config = model.peft_config[ADAPTER]
+    if base is not None:
+        config.base_model_name_or_path = base
+    config.save_pretrained(str(out))
+    save_file(adapter_state(model), str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+    return out
