@@ -102,11 +102,19 @@ class WeightPush:
 
     Leaving the `with` block drains what the consumer did not read (so every rank runs every gather)
     and raises if anything was left: an engine that skips tensors would run on a half-updated policy.
-    `bytes` and `tensors` count what was handed out.
+    `bytes` and `tensors` count what was handed out. `state` as in `iter_full_state` (a LoRA push: the
+    adapter's tensors only).
     """
 
-    def __init__(self, model: nn.Module, *, bucket_bytes: int = BUCKET_BYTES, all_ranks: bool = True) -> None:
-        self._buckets = iter_full_state(model, bucket_bytes=bucket_bytes, all_ranks=all_ranks)
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        bucket_bytes: int = BUCKET_BYTES,
+        all_ranks: bool = True,
+        state: Callable[[nn.Module], Iterable[tuple[str, Tensor]]] | None = None,
+    ) -> None:
+        self._buckets = iter_full_state(model, bucket_bytes=bucket_bytes, all_ranks=all_ranks, state=state)
         self.bytes = 0
         self.tensors = 0
 

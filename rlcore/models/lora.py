@@ -101,23 +101,39 @@ def merged_state(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
         yield base_name(name), value.detach()
 
 
+def adapter_params(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """(name, tensor) of the adapter's parameters, in order (what a LoRA weight push moves; DTensors as
+    they are: `rlcore.dist.stream.iter_full_state` gathers them)."""
+    for name, p in model.named_parameters():
+        if ".lora_" in name:
+            yield name, p
+
+
 def adapter_state(model: nn.Module) -> dict[str, Tensor]:
-    """The adapter's tensors under peft's saved names (`base_model.model.<module>.lora_A.weight`)."""
+    """The adapter's tensors under peft's saved names (`base_model.model.<module>.lora_A.weight`), whole
+    (a collective under FSDP: every rank calls it)."""
+    from rlcore.dist.stream import _full_tensor
+
     return {
-        "base_model.model." + name.replace(f".{ADAPTER}.", "."): p.detach().to("cpu").contiguous()
-        for name, p in model.named_parameters()
-        if ".lora_" in name
+        "base_model.model." + name.replace(f".{ADAPTER}.", "."): _full_tensor(p).to("cpu").contiguous()
+        for name, p in adapter_params(model)
     }
 
 
-def save_adapter(model: nn.Module, directory: str | Path, *, base: str | None = None) -> Path:
+def save_adapter(
+    model: nn.Module, directory: str | Path, *, base: str | None = None, write: bool = True
+) -> Path:
     """Write the adapter as peft does (`adapter_config.json`, `adapter_model.safetensors`): loads with
-    `peft.PeftModel.from_pretrained(base_model, directory)`. `base`: the base model's path or id."""
+    `peft.PeftModel.from_pretrained(base_model, directory)`. `base`: the base model's path or id. Under
+    FSDP every rank calls it (the adapter is gathered) and the one with `write` writes."""
+    tensors = adapter_state(model)
     out = Path(directory)
+    if not write:
+        return out
     out.mkdir(parents=True, exist_ok=True)
     config = model.peft_config[ADAPTER]
     if base is not None:
         config.base_model_name_or_path = base
     config.save_pretrained(str(out))
-    save_file(adapter_state(model), str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+    save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
     return out

@@ -67,6 +67,8 @@ def build_engine_copy(cfg: Config, dist: Any) -> tuple[Any, Any]:
     another kernel for a weight without it, and sampling would then differ from the trained module's
     forward by ~1e-6 in log-prob (measured), where it now matches it exactly."""
     model, tokenizer = _load(cfg, dist)
+    if cfg.model.lora_rank > 0:  # the same adapter layers: pushes then move the adapter tensors only
+        model = _with_lora(model, cfg)
     return model.eval(), tokenizer
 
 
@@ -194,8 +196,10 @@ def push_weights(model: Any, engine: Any, *, bucket_bytes: int) -> dict[str, flo
     if _engine_model(engine) is model:
         return {"sync/bytes": 0.0, "sync/tensors": 0.0}  # the native engine samples from the trained module
     from rlcore.dist.stream import WeightPush
+    from rlcore.models.lora import adapter_params, is_lora
 
-    with WeightPush(model, bucket_bytes=bucket_bytes, all_ranks=True) as push:
+    state = adapter_params if is_lora(model) else None  # LoRA: the base is the engine's own, never moves
+    with WeightPush(model, bucket_bytes=bucket_bytes, all_ranks=True, state=state) as push:
         if not faults.push_per_bucket(engine, push):  # test-only: the old, broken per-bucket sync
             engine.load_weights(push)  # one call: vLLM reloads stacked q/k/v and gate/up groups whole
     return {"sync/bytes": float(push.bytes), "sync/tensors": float(push.tensors)}
@@ -233,8 +237,8 @@ def save_final(
     if not is_lora(model):
         save_hf_pretrained(model, tokenizer, out_dir / "final", group=group)
         return
-    save_hf_pretrained(model, tokenizer, out_dir / "final", group=group, state=merged_state)
-    save_adapter(model, out_dir / "final" / "adapter", base=base)
+    written = save_hf_pretrained(model, tokenizer, out_dir / "final", group=group, state=merged_state)
+    save_adapter(model, out_dir / "final" / "adapter", base=base, write=written is not None)
 
 
 def build_critic_state(cfg: Config, dist: Any, mesh: Any) -> Any:

@@ -61,6 +61,8 @@ SCENARIOS = [
         ),
         ref_micro=5,
     ),
+    # LoRA: frozen base parameters sharded with the trained adapters (the same seeded init on every rank)
+    dict(name="lora", algo=AlgoConfig(loss_agg="token-mean", micro_batch_size=2), ref_micro=64, lora=True),
     # hybrid shard (replicate 2 x shard 1), seq-mean-token-sum-norm, gradient clipping active
     dict(
         name="hybrid",
@@ -91,7 +93,7 @@ def results(tmp_path_factory):
 
 
 def _one_process(batch: Batch, sc: dict):
-    model, _ = load_policy("builtin:tiny")
+    model = workers.scenario_model(sc)
     state = workers.new_state(model, sc["optim"])
     algo = dataclasses.replace(sc["algo"], micro_batch_size=sc["ref_micro"], max_tokens_per_micro_batch=None)
     _, metrics = workers.update_step(state, batch, algo, sc["optim"], horizon=sc["horizon"])
@@ -124,9 +126,13 @@ def test_two_ranks_equal_one_process(results, name):
     assert set(ranks["weights"]) == {"model.embed_tokens.weight"} | {
         k for k in weights if k != "lm_head.weight"
     }  # tied lm_head sent once
-    moved = 0.0
-    initial, _ = load_policy("builtin:tiny")
+    moved, frozen_moved = 0.0, 0.0
+    initial = workers.scenario_model(sc).state_dict()
     for key, value in ranks["weights"].items():
         torch.testing.assert_close(value, weights[key], atol=1e-6, rtol=0, msg=key)
-        moved = max(moved, float((value - initial.state_dict()[key]).abs().max()))
+        change = float((value - initial[key]).abs().max())
+        moved = max(moved, change)
+        if sc.get("lora") and ".lora_" not in key:
+            frozen_moved = max(frozen_moved, change)
     assert moved > 1e-3  # the step changed the weights (lr 1e-2)
+    assert frozen_moved == 0.0  # LoRA: the base stays where it was

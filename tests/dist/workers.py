@@ -4,6 +4,7 @@ children import little). Each worker writes what rank 0 saw to files the test pr
 from __future__ import annotations
 
 import os
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -57,6 +58,21 @@ def rank_rows(batch: Batch, *, n: int, prompts_per_update: int, rank: int, world
     return batch[rows]
 
 
+def scenario_model(sc: dict) -> Any:
+    """builtin:tiny, with seeded LoRA adapters when the scenario says `lora` (the same init everywhere)."""
+    model, _ = load_policy("builtin:tiny")
+    if sc.get("lora"):
+        from rlcore.models.lora import apply_lora
+
+        torch.manual_seed(7)
+        model = apply_lora(model, rank=4, alpha=8.0, dropout=0.0, targets=())
+        with torch.no_grad():  # B != 0, so that A's gradient is not 0 either
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(torch.randn(p.shape) * 0.05)
+    return model
+
+
 def update_scenarios(rank: int, directory: Path, scenarios: list[dict]) -> None:
     """One update_step per scenario on an FSDP2-sharded builtin:tiny; rank 0 saves metrics + full weights."""
     info = init_distributed("cpu")
@@ -72,7 +88,7 @@ def update_scenarios(rank: int, directory: Path, scenarios: list[dict]) -> None:
     torch.save({"logprobs": lp, "entropy": ent, "pieces": pieces}, directory / f"logprobs_rank{rank}.pt")
     for sc in scenarios:
         mesh = build_mesh(info, replicate=sc["replicate"])
-        model, _ = load_policy("builtin:tiny")
+        model = scenario_model(sc)
         apply_fsdp(model, mesh)
         state = new_state(model, sc["optim"])
         prompts = sc["algo"].mini_batch_size or len(batch) // sc["n"]
