@@ -480,8 +480,6 @@ def _check_lora(cfg: Config, world_size: int) -> None:
     _need(0 <= m.lora_dropout < 1, f"--model.lora-dropout {m.lora_dropout}: must be in [0, 1)")
     _need(cfg.pipeline.placement == "colocate", f"--model.lora-rank {m.lora_rank} with --pipeline.placement split: "
           "the adapter push to rollout ranks is not built yet; use colocate")  # fmt: skip
-    _need(cfg.rollout.engine == "native", f"--model.lora-rank {m.lora_rank} with --rollout.engine vllm: the "
-          "adapter sync to vLLM is not built yet; use --rollout.engine native")  # fmt: skip
 
 
 def _check_observability(cfg: Config) -> None:

@@ -85,6 +85,16 @@ def base_name(name: str) -> str:
     return name.replace(".base_layer.", ".")
 
 
+def base_state(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """(base name, tensor) of the base model alone (the adapters left out, nothing merged), each tied
+    tensor once: what an engine that applies the adapter itself (vLLM) starts from."""
+    seen: set[int] = set()
+    for name, value in model.state_dict(keep_vars=True).items():
+        if ".lora_" not in name and id(value) not in seen:
+            seen.add(id(value))
+            yield base_name(name), value
+
+
 def merged_state(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
     """(base name, tensor) of the base model with every adapter merged into its weight (W + scale B A),
     each tied tensor once; the adapter's own parameters are left out."""

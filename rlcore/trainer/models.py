@@ -142,6 +142,7 @@ def _vllm_engine(cfg: Config, model: Any, tokenizer: Any) -> Any:
     import tempfile
 
     from rlcore.dist.stream import save_hf_pretrained
+    from rlcore.models.lora import base_state, is_lora
     from rlcore.models.policy import BUILTIN_PREFIX
     from rlcore.rollout.vllm_engine import VLLMEngine  # vllm itself is imported by the constructor
 
@@ -150,7 +151,8 @@ def _vllm_engine(cfg: Config, model: Any, tokenizer: Any) -> Any:
         path = str(_directory(path))  # a hub id: its snapshot in the HF cache
     else:  # a built-in model: vLLM reads a directory
         path = temporary = tempfile.mkdtemp(prefix="rlcore-vllm-model-")
-        save_hf_pretrained(model, tokenizer, path, every_rank=True)  # a collective under FSDP
+        state = base_state if is_lora(model) else None  # LoRA: vLLM holds the base, the adapter comes apart
+        save_hf_pretrained(model, tokenizer, path, every_rank=True, state=state)  # a collective under FSDP
     try:
         return VLLMEngine(
             path,
@@ -159,6 +161,7 @@ def _vllm_engine(cfg: Config, model: Any, tokenizer: Any) -> Any:
             max_model_len=cfg.data.max_prompt_length + cfg.rollout.max_tokens,
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
             bucket_bytes=sync_bucket_bytes(cfg),
+            lora_rank=cfg.model.lora_rank,
         )
     except ImportError as e:
         raise ConfigError(f"--rollout.engine vllm: {e}") from None
@@ -195,6 +198,20 @@ def push_weights(model: Any, engine: Any, *, bucket_bytes: int) -> dict[str, flo
     `sync/tensors` pushed. A collective under FSDP: every rank calls it."""
     if _engine_model(engine) is model:
         return {"sync/bytes": 0.0, "sync/tensors": 0.0}  # the native engine samples from the trained module
+    from rlcore.models.lora import adapter_params, is_lora, save_adapter
+
+    inner = getattr(engine, "inner", engine)
+    if is_lora(model) and hasattr(
+        inner, "use_adapter"
+    ):  # vLLM: the adapter as a LoRA request, via a directory
+        directory = inner.adapter_dir()
+        save_adapter(model, directory, write=True)  # a gather under FSDP; every rank writes its engine's copy
+        inner.use_adapter(directory)
+        pushed = [p for _, p in adapter_params(model)]
+        return {
+            "sync/bytes": float(sum(p.numel() * p.element_size() for p in pushed)),
+            "sync/tensors": float(len(pushed)),
+        }
     from rlcore.dist.stream import WeightPush
     from rlcore.models.lora import adapter_params, is_lora
 

@@ -87,9 +87,6 @@ def test_resuming_with_another_lora_shape_is_refused(tmp_path) -> None:
         (["--model.lora-rank", "4", "--model.lora-alpha", "0"], "error: --model.lora-alpha 0.0: must be > 0"),
         (["--critic.lora-rank", "4"], "error: --critic.lora-rank 4: LoRA on the critic is not built yet; drop the "
          "flag (the critic trains in full)"),
-        (["--model.lora-rank", "4", "--rollout.engine", "vllm"],
-         "error: --model.lora-rank 4 with --rollout.engine vllm: the adapter sync to vLLM is not built yet; use "
-         "--rollout.engine native"),
     ],
 )  # fmt: skip
 def test_bad_lora_flags_are_one_line(flags, line, tmp_path) -> None:
