@@ -239,7 +239,8 @@ class CriticConfig:
     critic_warmup: int = 0
     """Steps during which only the critic is trained."""
     lora_rank: int = 0
-    """LoRA rank of the critic's backbone (0: off); the value head is trained in full."""
+    """LoRA rank of the critic's backbone (0: off; alpha, dropout and targets as --model.lora-*): only the
+    adapters and the value head train."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -472,8 +473,9 @@ def resolved(cfg: Config) -> Config:
 def _check_lora(cfg: Config, world_size: int) -> None:
     m = cfg.model
     _need(m.lora_rank >= 0, f"--model.lora-rank {m.lora_rank}: must be >= 1 (or 0: no LoRA)")
-    _need(cfg.critic.lora_rank == 0, f"--critic.lora-rank {cfg.critic.lora_rank}: LoRA on the critic is not built "
-          "yet; drop the flag (the critic trains in full)")  # fmt: skip
+    _need(
+        cfg.critic.lora_rank >= 0, f"--critic.lora-rank {cfg.critic.lora_rank}: must be >= 1 (or 0: no LoRA)"
+    )
     if m.lora_rank == 0:
         return
     _need(m.lora_alpha > 0, f"--model.lora-alpha {m.lora_alpha}: must be > 0")

@@ -50,9 +50,17 @@ class ValueModel(nn.Module):
         return self.value_head(hidden).float().squeeze(-1).clone()  # (m, s); a fresh tensor, not a view
 
 
-def build_critic(path: str, *, dtype: torch.dtype = torch.float32, seed: int = 0) -> ValueModel:
-    """A critic on the backbone of the causal LM at `path` (builtin:<name> or a directory), head at zero."""
+def build_critic(
+    path: str, *, dtype: torch.dtype = torch.float32, seed: int = 0, lora: dict[str, Any] | None = None
+) -> ValueModel:
+    """A critic on the backbone of the causal LM at `path` (builtin:<name> or a directory), head at zero.
+    `lora`: `rlcore.models.lora.apply_lora`'s keywords, for LoRA adapters on the backbone (then only
+    they and the value head train)."""
     lm, _ = load_policy(path, dtype=dtype, seed=seed)
+    if lora:
+        from rlcore.models.lora import apply_lora
+
+        lm = apply_lora(lm, **lora)
     critic = ValueModel(lm.model, lm.config.hidden_size).to(dtype)
     return critic.train()
 

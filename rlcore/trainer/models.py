@@ -258,6 +258,14 @@ def save_final(
     save_adapter(model, out_dir / "final" / "adapter", base=base, write=written is not None)
 
 
+def _critic_lora(cfg: Config) -> dict[str, Any] | None:
+    """--critic.lora-rank's adapters (alpha, dropout and targets as the policy's), or None."""
+    m, rank = cfg.model, cfg.critic.lora_rank
+    if rank == 0:
+        return None
+    return {"rank": rank, "alpha": m.lora_alpha, "dropout": m.lora_dropout, "targets": m.lora_targets}
+
+
 def build_critic_state(cfg: Config, dist: Any, mesh: Any) -> Any:
     """The PPO critic (initialised from --critic.path or the policy) with its own optimizer and schedule."""
     from rlcore.critic import build_critic
@@ -265,7 +273,10 @@ def build_critic_state(cfg: Config, dist: Any, mesh: Any) -> Any:
 
     try:
         critic = build_critic(
-            cfg.critic.path or cfg.model.path, dtype=DTYPES[cfg.model.dtype], seed=cfg.trainer.seed
+            cfg.critic.path or cfg.model.path,
+            dtype=DTYPES[cfg.model.dtype],
+            seed=cfg.trainer.seed,
+            lora=_critic_lora(cfg),
         )
     except ValueError as e:
         raise ConfigError(f"--critic.path: {e}") from None
