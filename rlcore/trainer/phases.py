@@ -82,11 +82,7 @@ class Watchdog:
 
     def __init__(self, timeout_s: float, *, rank: int = 0, world: int = 1, out: TextIO | None = None) -> None:
         self.timeout_s, self.rank, self.world, self.out = timeout_s, rank, world, out or sys.stderr
-        self.step, self.events, self.stack = (
-            0,
-            0,
-            [],
-        )  # position: step, phase entries and exits in it, open phases
+        self.step, self.events = 0, 0  # the position: the step, and the phase entries and exits in it
         self.last = "the start of the loop"
         self.progress = time.monotonic()
         self._store = _default_store() if world > 1 else None
@@ -101,12 +97,9 @@ class Watchdog:
         self._advance(f"the start of step {step}")
 
     def enter(self, name: str) -> None:
-        self.stack.append(name)
         self._advance(f"phase {name!r}")
 
     def leave(self, name: str) -> None:
-        if self.stack and self.stack[-1] == name:
-            self.stack.pop()
         self._advance(f"after phase {name!r}")
 
     def _advance(self, where: str) -> None:
