@@ -22,8 +22,9 @@ step is the same arithmetic with nothing around it:
 Covered (`LEAN_MODEL_TYPES`): Llama, Qwen2, Qwen3 (q/k RMSNorm), Mistral, as `from_pretrained` builds
 them (`<Type>ForCausalLM` with `.model.layers` and `.lm_head`), every layer full attention, a rotary
 type that does not depend on the sequence length (default, linear, llama3, yarn), plain
-`torch.nn.Linear` projections and no forward hooks (a LoRA, quantized or hooked module computes more
-than its weight); `lean_decoder` returns None otherwise and the engine keeps the Hugging Face step. The logits equal the Hugging Face
+`torch.nn.Linear` projections or peft LoRA linears over them (one active adapter, no DoRA: the step
+adds scale (x A^T) B^T as peft does), and no forward hooks (another wrapper, a quantized or a hooked
+module computes more than its weight); `lean_decoder` returns None otherwise and the engine keeps the Hugging Face step. The logits equal the Hugging Face
 forward's to float32 rounding (tests/test_lean_decode.py: <= 1e-5 at every step).
 """
 
@@ -58,8 +59,9 @@ class LeanShape:
     act: Callable[[Tensor], Tensor]
 
 
-Layer = tuple[Tensor | None, ...]
-"""One decoder layer's tensors, in `_LAYER_FIELDS` order (None where a bias or norm is absent)."""
+Layer = tuple[Any, ...]
+"""One decoder layer's tensors, in `_LAYER_FIELDS` order (None where a bias or norm is absent), then
+each projection's LoRA (A, B, scale), in `_PROJECTIONS` order (None without an adapter)."""
 
 _LAYER_FIELDS = (
     "input_layernorm.weight",
@@ -81,6 +83,9 @@ _LAYER_FIELDS = (
     "mlp.down_proj.weight",
     "mlp.down_proj.bias",
 )
+_PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")  # fmt: skip
+"""The projections, in `lean_step`'s order; a LoRA layer's (A, B, scale) follow the `_LAYER_FIELDS`."""
 
 
 def full_attention_only(config: Any) -> bool:
@@ -122,6 +127,11 @@ def _plain_modules(model: torch.nn.Module) -> str | None:
     linears = [model.lm_head] + [m for path, m in found if path.endswith("_proj")]
     norms = [base.norm] + [m for path, m in found if not path.endswith("_proj") and m is not None]
     for module in linears:
+        why = _lora_problem(module)
+        if why is not None:
+            return why
+        if _is_lora(module):
+            module = module.base_layer
         if type(module) is not torch.nn.Linear:
             return f"a projection is a {type(module).__name__}, not a plain torch.nn.Linear"
     for module in [*linears, *norms, base.embed_tokens, *base.layers]:
@@ -132,6 +142,33 @@ def _plain_modules(model: torch.nn.Module) -> str | None:
     if any(not type(n).__name__.endswith("RMSNorm") for n in norms):
         return "a norm is not an RMSNorm"
     return None
+
+
+def _is_lora(module: torch.nn.Module) -> bool:
+    return type(module).__module__.startswith("peft.tuners.lora") and type(module).__name__ == "Linear"
+
+
+def _lora_problem(module: torch.nn.Module) -> str | None:
+    """Why a peft LoRA linear is not base + scale B A x (the step's low-rank path), or None (also when
+    `module` is not a LoRA layer)."""
+    if not _is_lora(module):
+        return None
+    active = list(module.active_adapters)
+    if module.merged or module.disable_adapters:
+        return None  # the adapter is already in the weight, or off: the base layer computes it all
+    if len(active) != 1 or getattr(module, "use_dora", {}).get(active[0], False):
+        return "a LoRA projection has several active adapters or DoRA"
+    if module.lora_bias.get(active[0], False) if hasattr(module, "lora_bias") else False:
+        return "a LoRA projection has an adapter bias"
+    return None
+
+
+def _lora(module: Any) -> tuple[Tensor, Tensor, float] | None:
+    """(A, B, scale) of a LoRA projection whose adapter is applied at run time; None otherwise."""
+    if module is None or not _is_lora(module) or module.merged or module.disable_adapters:
+        return None
+    name = module.active_adapters[0]
+    return module.lora_A[name].weight, module.lora_B[name].weight, float(module.scaling[name])
 
 
 def lean_decoder(model: torch.nn.Module, *, compile: bool = False) -> LeanDecoder | None:
@@ -164,7 +201,18 @@ def _get(module: torch.nn.Module, path: str) -> Any:
 
 
 def _layer(module: torch.nn.Module) -> Layer:
-    return tuple(_get(module, field) for field in _LAYER_FIELDS)
+    """The layer's tensors (`_LAYER_FIELDS`), then each projection's LoRA (A, B, scale) or None."""
+    tensors = tuple(_weight(module, field) for field in _LAYER_FIELDS)
+    return tensors + tuple(_lora(_get(module, path)) for path in _PROJECTIONS)
+
+
+def _weight(module: torch.nn.Module, field: str) -> Any:
+    """The tensor at `field`; a LoRA projection's weight and bias are its base layer's."""
+    path, name = field.rsplit(".", 1)
+    owner = _get(module, path)
+    if owner is not None and _is_lora(owner):
+        owner = owner.base_layer
+    return getattr(owner, name, None) if owner is not None else None
 
 
 def _rotate_half(x: Tensor) -> Tensor:
@@ -193,23 +241,34 @@ def lean_step(
     x = F.embedding(tokens, embed)  # (a, width)
     cos, sin = rope[:, None, 0], rope[:, None, 1]  # (a, 1, d)
     news = []
-    for i, (n1, wq, bq, wk, bk, wv, bv, qn, kn, wo, bo, n2, wg, bg, wu, bu, wd, bd) in enumerate(layers):
+    for i, layer in enumerate(layers):
+        n1, wq, bq, wk, bk, wv, bv, qn, kn, wo, bo, n2, wg, bg, wu, bu, wd, bd = layer[: len(_LAYER_FIELDS)]
+        lq, lk, lv, lo, lg, lu, ld = layer[len(_LAYER_FIELDS) :]
         h = F.rms_norm(x, (width,), n1, shape.eps)
-        q = F.linear(h, wq, bq).view(a, shape.heads, shape.head_dim)
-        k = F.linear(h, wk, bk).view(a, shape.kv_heads, shape.head_dim)
-        v = F.linear(h, wv, bv).view(a, shape.kv_heads, shape.head_dim)
+        q = _linear(h, wq, bq, lq).view(a, shape.heads, shape.head_dim)
+        k = _linear(h, wk, bk, lk).view(a, shape.kv_heads, shape.head_dim)
+        v = _linear(h, wv, bv, lv).view(a, shape.kv_heads, shape.head_dim)
         if qn is not None and kn is not None and shape.qk_eps is not None:
             q = F.rms_norm(q, (shape.head_dim,), qn, shape.qk_eps)
             k = F.rms_norm(k, (shape.head_dim,), kn, shape.qk_eps)
         qk = torch.cat((q, k), dim=1)  # (a, heads + kv_heads, d)
         qk = qk * cos + _rotate_half(qk) * sin
         q, k = qk[:, : shape.heads], qk[:, shape.heads :]
-        x = x + F.linear(_attend(shape, q, k, v, kv[i, 0], kv[i, 1], bias), wo, bo)
+        x = x + _linear(_attend(shape, q, k, v, kv[i, 0], kv[i, 1], bias), wo, bo, lo)
         h = F.rms_norm(x, (width,), n2, shape.eps)
-        x = x + F.linear(shape.act(F.linear(h, wg, bg)) * F.linear(h, wu, bu), wd, bd)
+        x = x + _linear(shape.act(_linear(h, wg, bg, lg)) * _linear(h, wu, bu, lu), wd, bd, ld)
         news.append(torch.stack((k, v)))  # (2, a, kv_heads, d)
     x = F.rms_norm(x, (width,), norm, shape.eps)
     return F.linear(x, head), torch.stack(news)
+
+
+def _linear(x: Tensor, w: Tensor, b: Tensor | None, lora: tuple[Tensor, Tensor, float] | None) -> Tensor:
+    """x W^T + b, plus a LoRA adapter's scale (x A^T) B^T (peft's order of operations)."""
+    y = F.linear(x, w, b)
+    if lora is None:
+        return y
+    a, b_, scale = lora
+    return y + F.linear(F.linear(x, a), b_) * scale
 
 
 def _attend(

@@ -22,6 +22,7 @@ from transformers.cache_utils import Cache
 
 from rlcore.batch import Batch
 from rlcore.models import load_policy
+from rlcore.models.lora import apply_lora
 from rlcore.rollout import NativeEngine, SamplingParams
 from rlcore.rollout.lean import lean_decoder, unsupported
 from rlcore.rollout.native import PreallocatedLayer
@@ -46,7 +47,10 @@ ARCHS = {
     "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**SMALL)),
     "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**SMALL, head_dim=24)),  # head_dim != width / heads
     "mistral": lambda: MistralForCausalLM(MistralConfig(**SMALL, sliding_window=None)),
-}
+    # peft LoRA on every projection (build() then gives the adapters' B non-zero values too)
+    "llama-lora": lambda: apply_lora(LlamaForCausalLM(LlamaConfig(**SMALL, tie_word_embeddings=False)), rank=4,
+                                     alpha=8.0, dropout=0.0, targets=()),
+}  # fmt: skip
 
 
 def build(arch: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
@@ -54,9 +58,9 @@ def build(arch: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
         torch.manual_seed(0)
         model = ARCHS[arch]().eval()
         with torch.no_grad():  # larger weights than the 0.02 init: logits that differ between tokens
-            for p in model.parameters():
+            for name, p in model.named_parameters():
                 if p.dim() == 2:
-                    p.normal_(0, 0.15)
+                    p.normal_(0, 0.15 if "lora_" not in name else 0.05)  # an adapter: a correction, not a rewrite
     return model.to(dtype)
 
 
