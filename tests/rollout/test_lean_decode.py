@@ -60,7 +60,9 @@ def build(arch: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
         with torch.no_grad():  # larger weights than the 0.02 init: logits that differ between tokens
             for name, p in model.named_parameters():
                 if p.dim() == 2:
-                    p.normal_(0, 0.15 if "lora_" not in name else 0.05)  # an adapter: a correction, not a rewrite
+                    p.normal_(
+                        0, 0.15 if "lora_" not in name else 0.05
+                    )  # an adapter: a correction, not a rewrite
     return model.to(dtype)
 
 
