@@ -74,7 +74,7 @@ def build_engine_copy(cfg: Config, dist: Any) -> tuple[Any, Any]:
 
 def build_reference(cfg: Config, dist: Any, mesh: Any) -> Any:
     """A frozen copy of the starting policy, sharded like it, never updated (None with LoRA: the
-    reference is then the policy with its adapter disabled, `reference_logprobs`)."""
+    reference is then the policy with its adapter disabled, `rlcore.trainer.learn.reference`)."""
     if cfg.model.lora_rank > 0:
         return None
     model, _ = _load(cfg, dist)
@@ -201,9 +201,8 @@ def push_weights(model: Any, engine: Any, *, bucket_bytes: int) -> dict[str, flo
     from rlcore.models.lora import adapter_params, is_lora, save_adapter
 
     inner = getattr(engine, "inner", engine)
-    if is_lora(model) and hasattr(
-        inner, "use_adapter"
-    ):  # vLLM: the adapter as a LoRA request, via a directory
+    takes_adapters = hasattr(inner, "use_adapter")  # vLLM: the adapter as a LoRA request, via a directory
+    if is_lora(model) and takes_adapters:
         directory = inner.adapter_dir()
         save_adapter(model, directory, write=True)  # a gather under FSDP; every rank writes its engine's copy
         inner.use_adapter(directory)
