@@ -17,43 +17,47 @@ LORA = ["--model.lora-rank", "8"]
 
 
 def test_lora_alone_learns_the_default_task(tmp_path) -> None:
-    """`python train.py --model.lora-rank 16` (the default LoRA lr, 5e-3): val <= 0.3 -> >= 0.9."""
-    ok(train("--model.lora-rank", "16", "--log.no-progress", out=tmp_path))
+    """`python train.py --model.lora-rank 16` (the default LoRA lr, 5e-3): val <= 0.3 -> >= 0.9 by step 10
+    (0.964 there, 0.998 at the default 30 steps: experiments/README.md, bench_lora)."""
+    ok(train("--model.lora-rank", "16", "--trainer.steps", "10", "--log.no-progress", out=tmp_path))
     val = [r["val/reward_mean"] for r in read_metrics(tmp_path / "metrics.jsonl") if "val/reward_mean" in r]
     assert val[0] <= 0.3 and val[-1] >= 0.9, val
 
 
-def test_lora_with_kl_resumes_exactly_and_exports_merged_and_adapter(tmp_path) -> None:
-    common = [
-        *SMALL,
-        *LORA,
-        "--trainer.val-every",
-        "0",
-        "--trainer.save-every",
-        "1",
-        "--algo.kl-coef",
-        "0.05",
-    ]
-    ok(train("grpo", *common, "--trainer.steps", "4", out=tmp_path / "straight"))
-    ok(train("grpo", *common, "--trainer.steps", "2", out=tmp_path / "resumed"))
-    ok(train("grpo", *common, "--trainer.steps", "4", "--resume", "auto", out=tmp_path / "resumed"))
+def test_lora_ppo_with_kl_resumes_exactly_and_exports_merged_and_adapter(tmp_path) -> None:
+    """PPO with KL: LoRA on the policy (the reference: its adapter disabled) and on the critic's backbone
+    (the value head trains in full); both checkpoints hold the trained tensors only; 2 + resume + 2 steps
+    equal 4 straight, bit for bit; final/ is the merged model, final/adapter the peft adapter."""
+    common = [*SMALL, *LORA, "--critic.lora-rank", "8", "--trainer.val-every", "0", "--trainer.save-every", "1",
+              "--algo.kl-coef", "0.05"]  # fmt: skip
+    ok(train("ppo", *common, "--trainer.steps", "4", out=tmp_path / "straight"))
+    ok(train("ppo", *common, "--trainer.steps", "2", out=tmp_path / "resumed"))
+    ok(train("ppo", *common, "--trainer.steps", "4", "--resume", "auto", out=tmp_path / "resumed"))
     straight, resumed = (read_metrics(tmp_path / r / "metrics.jsonl") for r in ("straight", "resumed"))
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    keys = ("train/reward_mean", "actor/pg_loss", "actor/grad_norm", "actor/reward_kl_penalty", "critic/vf_loss",
+            "critic/grad_norm")  # fmt: skip
     for a, b in zip(straight, resumed, strict=True):
-        for key in ("train/reward_mean", "actor/pg_loss", "actor/grad_norm", "actor/reward_kl_penalty"):
+        for key in keys:
             assert a[key] == b[key], (a["step"], key)  # bit-exact
-    assert straight[-1]["actor/reward_kl_penalty"] > 0  # the reference (adapter off) differs from the policy
+    assert straight[-1]["actor/reward_kl_penalty"] != 0  # the reference (adapter off) differs from the policy
     a, b = (
         load_file(tmp_path / r / "final" / "adapter" / "adapter_model.safetensors")
         for r in ("straight", "resumed")
     )
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    # the checkpoint holds the adapter and its optimizer state only
-    dcp = tmp_path / "straight" / "checkpoints" / "step_4" / "dcp"
-    saved = FileSystemReader(str(dcp)).read_metadata().state_dict_metadata
-    model_keys = [k for k in saved if k.startswith("model.")]
+    # the checkpoints hold the adapters (and the critic's value head) with their optimizer state only
+    checkpoints = tmp_path / "straight" / "checkpoints"
+    actor = FileSystemReader(str(checkpoints / "step_4" / "dcp")).read_metadata().state_dict_metadata
+    model_keys = [k for k in actor if k.startswith("model.")]
     assert model_keys and all(".lora_" in k for k in model_keys), model_keys[:5]
-    assert all(".lora_" in k for k in saved if k.startswith("optim.state."))
+    assert all(".lora_" in k for k in actor if k.startswith("optim.state."))
+    critic = (
+        FileSystemReader(str(checkpoints / "critic" / "step_4" / "dcp")).read_metadata().state_dict_metadata
+    )
+    critic_keys = [k for k in critic if k.startswith("model.")]
+    assert critic_keys and all(".lora_" in k or "value_head" in k for k in critic_keys), critic_keys
+    assert any("value_head" in k for k in critic_keys)
     # final/ is the merged model; final/adapter on the base model computes the same
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "straight" / "final")
     base, _ = load_policy("builtin:tiny-reverse")
@@ -116,31 +120,3 @@ def test_lora_under_torchrun_syncs_the_adapter_only(tmp_path) -> None:
         torch.testing.assert_close(
             merged(input_ids=ids).logits, adapted(input_ids=ids).logits, rtol=0, atol=1e-5
         )
-
-
-def test_ppo_with_lora_actor_and_critic_resumes_exactly(tmp_path) -> None:
-    """PPO: LoRA on the policy and on the critic's backbone (the value head trains in full); both
-    checkpoints hold the trained tensors only, and 2 + resume + 1 steps equal 3 straight, bit for bit."""
-    common = [
-        *SMALL,
-        *LORA,
-        "--critic.lora-rank",
-        "8",
-        "--trainer.val-every",
-        "0",
-        "--trainer.save-every",
-        "1",
-    ]
-    ok(train("ppo", *common, "--trainer.steps", "3", out=tmp_path / "straight"))
-    ok(train("ppo", *common, "--trainer.steps", "2", out=tmp_path / "resumed"))
-    ok(train("ppo", *common, "--trainer.steps", "3", "--resume", "auto", out=tmp_path / "resumed"))
-    straight, resumed = (read_metrics(tmp_path / r / "metrics.jsonl") for r in ("straight", "resumed"))
-    for a, b in zip(straight, resumed, strict=True):
-        for key in ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm"):
-            assert a[key] == b[key], (a["step"], key)
-    dcp = tmp_path / "straight" / "checkpoints" / "critic" / "step_3" / "dcp"
-    keys = [
-        k for k in FileSystemReader(str(dcp)).read_metadata().state_dict_metadata if k.startswith("model.")
-    ]
-    assert keys and all(".lora_" in k or "value_head" in k for k in keys), keys
-    assert any("value_head" in k for k in keys)
