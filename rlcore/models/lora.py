@@ -88,22 +88,22 @@ def base_name(name: str) -> str:
 def base_state(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
     """(base name, tensor) of the base model alone (the adapters left out, nothing merged), each tied
     tensor once: what an engine that applies the adapter itself (vLLM) starts from."""
-    seen: set[int] = set()
-    for name, value in model.state_dict(keep_vars=True).items():
-        if ".lora_" not in name and id(value) not in seen:
-            seen.add(id(value))
+    from rlcore.dist.stream import unique_state
+
+    for name, value in unique_state(model):
+        if ".lora_" not in name:
             yield base_name(name), value
 
 
 def merged_state(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
     """(base name, tensor) of the base model with every adapter merged into its weight (W + scale B A),
     each tied tensor once; the adapter's own parameters are left out."""
+    from rlcore.dist.stream import unique_state
+
     layers = {name: m for name, m in model.named_modules() if _is_lora_layer(m)}
-    seen: set[int] = set()
-    for name, value in model.state_dict(keep_vars=True).items():
-        if ".lora_" in name or id(value) in seen:
+    for name, value in unique_state(model):
+        if ".lora_" in name:
             continue
-        seen.add(id(value))
         owner = name.rsplit(".base_layer.", 1)[0]
         if owner in layers and name.endswith(".base_layer.weight"):
             with torch.no_grad():
