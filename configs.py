@@ -88,9 +88,30 @@ class RolloutConfig:
     """Weight sync: MiB of full weights gathered (and moved to the engine's device) at a time. Only
     memory: a push is always one update of the engine, whatever the bucketing."""
     max_turns: int = 1
-    """1: single-turn. > 1: the multi-turn agent loop (rlcore.rollout.agent) with the built-in tools
-    (calculator, python); tool results are in the response but not trained on. max-tokens bounds the
-    whole response, observations included."""
+    """Most model turns per sample. 1 (without --rollout.env / --rollout.tools): single-turn. > 1 alone:
+    the multi-turn agent loop (rlcore.rollout.agent) with the built-in tools (calculator, python). Tool
+    results and observations are in the response but not trained on; max-tokens bounds the whole
+    response, observations included."""
+    env: str | None = None
+    """A gymnasium-API text environment, path/to/file.py:ClassName (rlcore.rollout.env): one instance per
+    sample, reset with the row, stepped with each model turn; the score is the sum of its step rewards
+    (plus the reward function's where the data_source has one, or with --reward.custom)."""
+    env_timeout_s: float = 60.0
+    """Deadline of one environment reset / step and of one tool call; past it the episode (env) ends with
+    --reward.failure-score, counted in agent/env_timeouts (a tool: an error observation)."""
+    tools: str | None = None
+    """A Python file whose public functions are the tools (schemas from their signatures and docstrings),
+    offered through the chat template and called in --rollout.tool-format (a template without a tool
+    role, like the built-in models': the <tool>NAME: ARG</tool> format)."""
+    tool_format: str = "hermes"
+    """How the model writes tool calls: a key of rlcore.rollout.chat.TOOL_CALL_FORMATS (hermes:
+    <tool_call>{"name": ..., "arguments": {...}}</tool_call>, as Qwen2.5/Qwen3 and Hermes)."""
+
+    @property
+    def multi_turn(self) -> bool:
+        """Whether the rollout is the agent loop."""
+        return self.max_turns > 1 or self.env is not None or self.tools is not None
+
     compile: bool = False
     """native only: torch.compile the lean decode step (Llama-family models; CPU inductor). The first
     rollout compiles for about a minute on 2 cores; the steps after are faster (experiments/README.md,
@@ -424,9 +445,11 @@ def _check_pipeline(cfg: Config, world_size: int) -> None:
         "--pipeline.partial-rollout: needs --pipeline.mode stream (lag mode samples each batch with one version)",
     )
     _need(
-        not cfg.pipeline.partial_rollout or (cfg.rollout.engine == "native" and cfg.rollout.max_turns == 1),
-        f"--pipeline.partial-rollout: needs --rollout.engine native and --rollout.max-turns 1 (got {cfg.rollout.engine}, "
-        f"{cfg.rollout.max_turns}): weights change between the native engine's decode steps",
+        not cfg.pipeline.partial_rollout or (cfg.rollout.engine == "native" and not cfg.rollout.multi_turn),
+        f"--pipeline.partial-rollout: needs --rollout.engine native and --rollout.max-turns 1 without "
+        f"--rollout.env / --rollout.tools (got {cfg.rollout.engine}, {cfg.rollout.max_turns}"
+        f"{', env' if cfg.rollout.env else ''}{', tools' if cfg.rollout.tools else ''}): weights change between "
+        "the native engine's decode steps",
     )
     _need(
         not cfg.pipeline.partial_rollout
@@ -510,6 +533,7 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
     from rlcore.pure.advantages import ESTIMATORS
     from rlcore.pure.kl import KL_KINDS
     from rlcore.pure.losses import POLICY_LOSSES
+    from rlcore.rollout.chat import TOOL_CALL_FORMATS
 
     d, r, a, t = cfg.data, cfg.rollout, cfg.algo, cfg.trainer
     _need(d.batch_size >= 1, f"--data.batch-size {d.batch_size}: must be >= 1")
@@ -525,6 +549,14 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
     _need(r.temperature >= 0, f"--rollout.temperature {r.temperature}: must be >= 0")
     _need(0 < r.top_p <= 1, f"--rollout.top-p {r.top_p}: must be in (0, 1]")
     _need(r.max_turns >= 1, f"--rollout.max-turns {r.max_turns}: must be >= 1 (1 is single-turn)")
+    _need(
+        r.env_timeout_s > 0 and math.isfinite(r.env_timeout_s),
+        f"--rollout.env-timeout-s {r.env_timeout_s}: must be a number of seconds > 0",
+    )
+    _need(
+        r.tool_format in TOOL_CALL_FORMATS,
+        f"--rollout.tool-format {r.tool_format!r}: choose one of {sorted(TOOL_CALL_FORMATS)}",
+    )
     _need(
         not r.compile or r.engine == "native",
         "--rollout.compile compiles the native engine's decode step; vLLM compiles its own (drop the flag)",

@@ -39,6 +39,19 @@ __all__ = [
 ]
 
 
+AGENT_METRICS: dict[str, tuple[str, str]] = {
+    "num_turns": ("agent/turns_mean", "mean"),
+    "num_tool_calls": ("agent/tool_calls_mean", "mean"),
+    "num_tool_errors": ("agent/tool_errors_mean", "mean"),
+    "num_observation_tokens": ("agent/observation_tokens_mean", "mean"),
+    "env_rewards": ("agent/env_reward_mean", "mean"),
+    "env_errors": ("agent/env_errors", "sum"),
+    "env_timeouts": ("agent/env_timeouts", "sum"),
+    "retokenize_mismatch": ("agent/retokenize_mismatch", "mean"),
+}
+"""Per-sample fields of the agent loop (`rlcore.rollout.agent`) -> (metric, mean over samples or count)."""
+
+
 def group_ids(batch: Batch) -> Tensor:
     """A LongTensor (b,) labelling rows by prompt `uid` (samples of one prompt share a label)."""
     labels: dict[Any, int] = {}
@@ -60,13 +73,10 @@ def rollout_step(
         "response/clip_ratio": truncated.mean(),
         "timing/rollout_s": torch.tensor(seconds),
     }
-    for key, name in (
-        ("num_turns", "turns"),
-        ("num_tool_calls", "tool_calls"),
-        ("num_tool_errors", "tool_errors"),
-    ):
-        if key in batch:  # the multi-turn agent loop's counters
-            metrics[f"agent/{name}_mean"] = batch[key].float().mean()
+    for key, (name, reduce) in AGENT_METRICS.items():
+        if key in batch:  # the multi-turn agent loop's fields
+            values = batch[key].float()
+            metrics[name] = values.mean() if reduce == "mean" else values.sum()
     return batch, metrics
 
 

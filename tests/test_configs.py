@@ -74,7 +74,8 @@ def test_every_preset_is_valid(name):
         (with_(BASE, pipeline=PipelineConfig(placement="split", partial_rollout=True)), 2,
          "--pipeline.partial-rollout: needs --pipeline.mode stream"),
         (with_(BASE, rollout=RolloutConfig(engine="vllm"), pipeline=PipelineConfig(placement="split", mode="stream", partial_rollout=True)), 2,
-         "--pipeline.partial-rollout: needs --rollout.engine native and --rollout.max-turns 1 (got vllm, 1)"),
+         "--pipeline.partial-rollout: needs --rollout.engine native and --rollout.max-turns 1 without "
+         "--rollout.env / --rollout.tools (got vllm, 1)"),
         (with_(PRESETS["dapo"][1], pipeline=PipelineConfig(placement="split", mode="stream", partial_rollout=True)), 2,
          "drop --algo.dynamic-sampling"),
     ],

@@ -66,11 +66,12 @@ class PromptDataset:
         seed: int = 0,
         shuffle: bool = True,
         name: str = "dataset",
+        tools: Sequence[dict] = (),
     ) -> None:
         if not rows:
             raise DataError(f"{name}: no rows")
         self.rows, self.token_ids, self.dropped_lengths = encode_rows_keeping_lengths(
-            rows, tokenizer, max_prompt_length=max_prompt_length, overlong=overlong
+            rows, tokenizer, max_prompt_length=max_prompt_length, overlong=overlong, tools=tools
         )
         self.n_dropped, self.max_prompt_length = len(self.dropped_lengths), max_prompt_length
         if not self.rows:

@@ -28,19 +28,22 @@ from rlcore.data.rows import DataError, Prompt, Row
 Overlong = Literal["drop", "error"]
 
 
-def render_prompt(tokenizer: Any, prompt: Prompt) -> tuple[str, bool]:
-    """The prompt text and whether the tokenizer should add its special tokens when encoding it."""
+def render_prompt(tokenizer: Any, prompt: Prompt, tools: Sequence[dict] = ()) -> tuple[str, bool]:
+    """The prompt text and whether the tokenizer should add its special tokens when encoding it; `tools`
+    (JSON schemas, `--rollout.tools`) go to the chat template."""
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), False
+        return tokenizer.apply_chat_template(
+            messages, tools=list(tools) or None, add_generation_prompt=True, tokenize=False
+        ), False
     text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
     return text, True
 
 
-def encode_prompt(tokenizer: Any, row: Row) -> list[int]:
+def encode_prompt(tokenizer: Any, row: Row, tools: Sequence[dict] = ()) -> list[int]:
     """Token ids of a row's rendered prompt; a template failure is a `DataError` naming the row."""
     try:
-        text, special = render_prompt(tokenizer, row.prompt)
+        text, special = render_prompt(tokenizer, row.prompt, tools)
     except Exception as e:  # jinja errors (unknown role, raise_exception) and the like
         raise DataError(f"{row.origin}: chat template failed on field 'prompt': {e}") from None
     return list(tokenizer(text, add_special_tokens=special)["input_ids"])
@@ -57,14 +60,20 @@ def encode_rows(
 
 
 def encode_rows_keeping_lengths(
-    rows: Sequence[Row], tokenizer: Any, *, max_prompt_length: int | None = None, overlong: Overlong = "error"
+    rows: Sequence[Row],
+    tokenizer: Any,
+    *,
+    max_prompt_length: int | None = None,
+    overlong: Overlong = "error",
+    tools: Sequence[dict] = (),
 ) -> tuple[list[Row], list[list[int]], list[int]]:
-    """`encode_rows`, with the token lengths of the dropped prompts instead of their count."""
+    """`encode_rows`, with the token lengths of the dropped prompts instead of their count; `tools` as
+    for `render_prompt`."""
     if overlong not in ("drop", "error"):
         raise ValueError(f"overlong={overlong!r}: expected 'drop' or 'error'")
     kept, ids, dropped = [], [], []
     for row in rows:
-        tokens = encode_prompt(tokenizer, row)
+        tokens = encode_prompt(tokenizer, row, tools)
         if max_prompt_length is not None and len(tokens) > max_prompt_length:
             if overlong == "error":
                 raise DataError(
@@ -124,8 +133,11 @@ def prompt_batch(
     )
 
 
-def make_prompt_batch(rows: Sequence[Row], tokenizer: Any, *, uids: Sequence[str] | None = None) -> Batch:
-    """Encode and left-pad `rows` into a prompt Batch; `uids` default to fresh random hex strings."""
-    _, token_ids, _ = encode_rows(rows, tokenizer)
+def make_prompt_batch(
+    rows: Sequence[Row], tokenizer: Any, *, uids: Sequence[str] | None = None, tools: Sequence[dict] = ()
+) -> Batch:
+    """Encode and left-pad `rows` into a prompt Batch; `uids` default to fresh random hex strings; `tools`
+    (JSON schemas) go to the chat template."""
+    _, token_ids, _ = encode_rows_keeping_lengths(rows, tokenizer, tools=tools)
     uids = list(uids) if uids is not None else [uuid.uuid4().hex for _ in rows]
     return prompt_batch(rows, token_ids, pad_id=pad_token_id(tokenizer), uids=uids)

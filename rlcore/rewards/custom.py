@@ -50,7 +50,7 @@ def load_custom(spec: str) -> RewardFn:
             f"{FLAG} {spec!r}: file {path} not found; give a path relative to the working directory "
             "or an absolute path"
         )
-    module = _import_file(spec, path)
+    module = import_file(FLAG, spec, path)
     if not hasattr(module, name):
         defined = sorted(
             n
@@ -87,14 +87,16 @@ def check_signature(fn: RewardFn, where: str) -> None:
         ) from None
 
 
-def _import_file(spec: str, path: Path) -> Any:
+def import_file(flag: str, spec: str, path: Path, error: type[ValueError] = RewardSpecError) -> Any:
+    """The module of the Python file `path` (imported once per path); a failure raises `error`, one line
+    naming `flag`."""
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:12]
-    module_name = f"rlcore_custom_reward_{digest}"
+    module_name = f"rlcore_user_{digest}"
     if module_name in sys.modules:
         return sys.modules[module_name]
     module_spec = importlib.util.spec_from_file_location(module_name, path)
     if module_spec is None or module_spec.loader is None:
-        raise RewardSpecError(f"{FLAG} {spec!r}: {path} cannot be imported as a Python file; use a .py file")
+        raise error(f"{flag} {spec!r}: {path} cannot be imported as a Python file; use a .py file")
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[module_name] = module  # dataclasses and pickle look their module up here
     try:
@@ -102,5 +104,5 @@ def _import_file(spec: str, path: Path) -> Any:
     except (Exception, SystemExit) as e:  # a syntax error or anything the file raises at import
         del sys.modules[module_name]
         detail = " ".join(f"{type(e).__name__}: {e}".split())
-        raise RewardSpecError(f"{FLAG} {spec!r}: importing {path} failed: {detail}") from None
+        raise error(f"{flag} {spec!r}: importing {path} failed: {detail}") from None
     return module

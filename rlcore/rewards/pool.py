@@ -116,6 +116,10 @@ class RewardScorer:
             self._ctx = _context()
             self._workers.extend(self._start() for _ in range(num_workers))
 
+    def covers(self, data_source: str) -> bool:
+        """Whether a reward function scores `data_source` (the custom one scores every data_source)."""
+        return self._custom is not None or data_source in REWARD_FNS
+
     def score(
         self,
         data_sources: Sequence[str],

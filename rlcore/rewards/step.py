@@ -13,6 +13,10 @@ reward returned), `reward/rule_mean` and `reward/rm_mean` when a reward model is
 The batch gains `token_scores` and `reward_extras` (the per-row extras dicts).
 The text scored is every real response token (`response_attention` where the batch has it): a
 multi-turn response is scored with its tool results, which the policy saw but is not trained on.
+An environment's episodes (`env_rewards` in the batch, `rlcore.rollout.agent`) add their summed step
+rewards; there the reward function scores only the rows whose data_source it covers
+(`RewardScorer.covers`), and an episode whose environment failed scores its `env_rewards` (the failure
+score) alone. Metrics: `reward/env_mean` besides the above.
 """
 
 from __future__ import annotations
@@ -94,11 +98,20 @@ def score_step(
     metrics: dict[str, Tensor] = {}
     total = torch.zeros(len(batch), dtype=torch.float64)  # (b,)
     extras: list[dict[str, float]] = [{} for _ in texts]
-    if scorer is not None:
-        result = scorer.score(batch["data_source"], texts, batch["ground_truth"], batch["extra_info"])
-        rule = torch.tensor(result.scores, dtype=torch.float64)  # (b,)
+    episodes = "env_rewards" in batch
+    scored = (
+        [i for i, s in enumerate(batch["data_source"]) if not episodes or scorer.covers(s)] if scorer else []
+    )
+    if scored:
+        pick = lambda key: [batch[key][i] for i in scored]  # noqa: E731
+        result = scorer.score(
+            pick("data_source"), [texts[i] for i in scored], pick("ground_truth"), pick("extra_info")
+        )
+        rule = torch.zeros(len(batch), dtype=torch.float64)  # (b,); 0 where no reward function covers the row
+        rule[scored] = torch.tensor(result.scores, dtype=torch.float64)
         total = total + rule_weight * rule
-        extras = [dict(e) for e in result.extras]
+        for i, e in zip(scored, result.extras, strict=True):
+            extras[i] = dict(e)
         metrics.update({f"reward/{k}": torch.tensor(v) for k, v in result.extra_means().items()})
         metrics["reward/errors"] = torch.tensor(float(result.errors))  # after the extras: ours win a clash
         metrics["reward/timeouts"] = torch.tensor(float(result.timeouts))
@@ -118,6 +131,11 @@ def score_step(
         total = total + penalty
         metrics["reward/overlong_penalty_mean"] = penalty.mean()
         metrics["reward/overlong_frac"] = (penalty < 0).to(torch.float64).mean()
+    if episodes:
+        env = batch["env_rewards"].to(torch.float64).cpu()  # (b,)
+        failed = (batch["env_errors"] | batch["env_timeouts"]).cpu()  # (b,) bool
+        total = torch.where(failed, env, total + env)
+        metrics["reward/env_mean"] = env.mean()
     metrics["reward/score_mean"] = total.mean()
     token_scores = last_token_scores(total.to(response_mask.device), response_mask)  # (b, t)
     metrics = {k: v.to(torch.float32) for k, v in metrics.items()}

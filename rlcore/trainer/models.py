@@ -112,10 +112,6 @@ def build_engine(cfg: Config, model: Any, tokenizer: Any, dist: Any, mesh: Any) 
         engine = NativeEngine(
             model, tokenizer, device=dist.device, generator_seed=cfg.trainer.seed, compile=cfg.rollout.compile
         )
-    if cfg.rollout.max_turns > 1:  # multi-turn: the agent loop with the built-in tools over the engine
-        from rlcore.rollout.agent import AgentEngine
-
-        engine = AgentEngine(engine, tokenizer, max_turns=cfg.rollout.max_turns)
     return engine
 
 

@@ -30,9 +30,11 @@ from rlcore.dist.mesh import close_distributed, init_distributed
 from rlcore.dist.placement import Placement, as_world, place
 from rlcore.dist.reduce import all_reduce_int, reduce_metrics
 from rlcore.rewards.custom import RewardSpecError
+from rlcore.rewards.dispatch import REWARD_FNS
 from rlcore.rewards.pool import RewardScorer
+from rlcore.rollout.env import EnvSpecError
 from rlcore.state import Rollout, TrainState
-from rlcore.trainer import checkpoints, faults, models, split
+from rlcore.trainer import agents, checkpoints, faults, models, split
 from rlcore.trainer.algorithm import actor_plan, build_algorithm
 from rlcore.trainer.collect import fill, staleness, step_seed, this_rank
 from rlcore.trainer.errors import StopRun, reason
@@ -46,7 +48,7 @@ from rlcore.trainer.sft import sft_batch
 from rlcore.trainer.validation import val_due, validate_policy
 from rlcore.update import update_step
 
-USER_ERRORS = (ConfigError, DataError, RewardSpecError)
+USER_ERRORS = (ConfigError, DataError, RewardSpecError, EnvSpecError)
 __all__ = ["Handles", "TrainingDiverged", "build", "run", "step_seed", "train_step"]
 
 
@@ -116,6 +118,7 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm]:
         raise ConfigError(str(e)) from None
     validate(cfg, world_size=info.world_size)
     models.check_engine(cfg, info)
+    agent_files = agents.load_agent_files(cfg)  # a bad env / tools file stops here, before any model loads
     p = cfg.pipeline
     placement = place(info, split=p.placement == "split", rollout_ranks=p.rollout_ranks)
     dist, mesh, trains, generates = placement.local, placement.mesh, placement.trains, placement.generates
@@ -127,9 +130,11 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm]:
     out_dir = Path(cfg.out_dir or f"runs/{cfg.preset}-{datetime.now():%Y%m%d-%H%M%S}")
     # a rollout rank of split placement loads the engine's own copy of the policy instead
     model, tokenizer = models.build_policy(cfg, dist, mesh) if trains else models.build_engine_copy(cfg, dist)
-    train_ds, val_ds = _datasets(cfg, tokenizer)
+    train_ds, val_ds = _datasets(cfg, tokenizer, agents.prompt_tools(agent_files, tokenizer))
     sources = sorted({row.data_source for ds in (train_ds, val_ds) if ds is not None for row in ds.rows})
     r = cfg.reward
+    if cfg.rollout.env is not None:  # an env scores its episodes: a reward function only where one exists
+        sources = [s for s in sources if s in REWARD_FNS]
     scorer = RewardScorer(r.custom, data_sources=sources, num_workers=r.num_workers, timeout_s=r.timeout_s,
                           failure_score=r.failure_score, max_error_rate=r.max_error_rate) if generates else None  # fmt: skip
     needs_ref = algorithm_needs_ref(cfg) and trains
@@ -139,6 +144,7 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm]:
     if generates:  # an in-process vLLM takes the default group as its world: there, the rollout ranks
         with as_world(placement.rollouts if cfg.rollout.engine == "vllm" else None):
             engine = models.build_engine(cfg, model, tokenizer, dist, mesh if trains else None)
+        engine = agents.agent_engine(cfg, engine, tokenizer, agent_files)
     critic = models.build_critic_state(cfg, dist, mesh) if algorithm.needs_critic and trains else None
     if placement.writes:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -159,9 +165,11 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm]:
     return state, h, algorithm
 
 
-def _datasets(cfg: Config, tokenizer: Any) -> tuple[PromptDataset, PromptDataset | None]:
+def _datasets(
+    cfg: Config, tokenizer: Any, tools: tuple[dict, ...]
+) -> tuple[PromptDataset, PromptDataset | None]:
     d, seed = cfg.data, cfg.trainer.seed
-    common = {"max_prompt_length": d.max_prompt_length, "overlong": d.overlong}
+    common = {"max_prompt_length": d.max_prompt_length, "overlong": d.overlong, "tools": tools}
     rows = read_sources(d.train_files, split="train", builtin_size=d.builtin_train_size, seed=seed)
     train = PromptDataset(rows, tokenizer, seed=seed, name="--data.train-files", **common)
     val = None

@@ -126,3 +126,15 @@ class BiasedLM(nn.Module):
             **kw,
         )
         return SimpleNamespace(logits=out.logits + self.bias)
+
+
+def pieces(tokenizer, out, i: int) -> list[tuple[str, int]]:
+    """Row `i`'s response as (text, mask) runs: consecutive tokens with the same response_mask."""
+    n = int(out["response_attention"][i].sum())
+    ids, mask = out["responses"][i, :n].tolist(), out["response_mask"][i, :n].tolist()
+    runs, start = [], 0
+    for j in range(1, n + 1):
+        if j == n or mask[j] != mask[start]:
+            runs.append((tokenizer.decode(ids[start:j], skip_special_tokens=False), int(mask[start])))
+            start = j
+    return runs

@@ -14,7 +14,7 @@ from rlcore.rollout import NativeEngine, SamplingParams, ToolFormat, run_agent
 from rlcore.rollout import tools as tools_module
 from rlcore.rollout.agent import observe, parse_tool_call
 from rlcore.rollout.tools import TOOLS, ToolError, calculator, python_tool
-from tests.rollout.fakes import BiasedLM, ScriptedLMCache, turn_script
+from tests.rollout.fakes import BiasedLM, ScriptedLMCache, pieces, turn_script
 
 EOS = 2
 
@@ -39,18 +39,6 @@ def scripted_rollout(tokenizer, turns, *, n=1, texts=("347*829",), tools=None, *
         n=n, max_tokens=kw.pop("max_tokens", 160), temperature=kw.pop("temperature", 0.0)
     )
     return run_agent(engine, prompts_for(tokenizer, list(texts)), sampling, tokenizer, tools=tools, **kw)
-
-
-def pieces(tokenizer, out, i):
-    """The row's response as (text, mask) runs: consecutive tokens with the same response_mask."""
-    n = int(out["response_attention"][i].sum())
-    ids, mask = out["responses"][i, :n].tolist(), out["response_mask"][i, :n].tolist()
-    runs, start = [], 0
-    for j in range(1, n + 1):
-        if j == n or mask[j] != mask[start]:
-            runs.append((tokenizer.decode(ids[start:j], skip_special_tokens=False), int(mask[start])))
-            start = j
-    return runs
 
 
 CALL = "<tool>calculator: 347*829</tool>"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -23,12 +24,18 @@ SMALL = [
 ]  # fmt: skip
 
 
+_LAUNCHER: list = []
+
+
 def train(*args: str, out: Path | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(ROOT / "train.py"), *args]
-    if out is not None:
-        cmd += ["--out-dir", str(out)]
-    env = os.environ | {"PYTHONUNBUFFERED": "1", "TRANSFORMERS_VERBOSITY": "error"}
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    """`python train.py ARGS [--out-dir OUT]` as its own process, forked from a warm launcher that has
+    imported the trainer once (tests/reliability/launcher.py: about 1 s to start instead of about 8)."""
+    from tests.reliability.launcher import Launcher
+
+    if not _LAUNCHER:
+        _LAUNCHER.append(Launcher())
+        atexit.register(_LAUNCHER[0].close)
+    return _LAUNCHER[0].run(list(args), out=out, timeout=timeout)
 
 
 def ok(proc: subprocess.CompletedProcess) -> None:

@@ -1,0 +1,47 @@
+"""The trainer's multi-turn rollout from the config: the environment and tools files (loaded and checked
+at start-up, before any model) and the agent loop around the engine."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from configs import Config
+from rlcore.rollout.agent import AgentEngine, EnvOptions
+from rlcore.rollout.chat import ChatTools, load_tools, renders_roles
+from rlcore.rollout.env import load_env
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentFiles:
+    """What `--rollout.env` and `--rollout.tools` name, loaded."""
+
+    env: type | None
+    tools: ChatTools | None
+
+
+def load_agent_files(cfg: Config) -> AgentFiles | None:
+    """The loaded env class and tools (None for a single-turn run); a bad file raises EnvSpecError."""
+    r = cfg.rollout
+    if not r.multi_turn:
+        return None
+    return AgentFiles(load_env(r.env) if r.env else None, load_tools(r.tools) if r.tools else None)
+
+
+def prompt_tools(files: AgentFiles | None, tokenizer: Any) -> tuple[dict, ...]:
+    """The tool schemas the prompts are rendered with: the tools', when the template has a tool role."""
+    if files is None or files.tools is None or not renders_roles(tokenizer, ("tool",)):
+        return ()
+    return files.tools.schemas
+
+
+def agent_engine(cfg: Config, engine: Any, tokenizer: Any, files: AgentFiles | None) -> Any:
+    """`engine` wrapped in the agent loop when the rollout is multi-turn, else `engine`."""
+    if files is None:
+        return engine
+    r = cfg.rollout
+    env = None
+    if files.env is not None:
+        env = EnvOptions(cls=files.env, failure_score=cfg.reward.failure_score)
+    return AgentEngine(engine, tokenizer, max_turns=r.max_turns, chat_tools=files.tools, call_format=r.tool_format,
+                       env=env, timeout_s=r.env_timeout_s)  # fmt: skip
