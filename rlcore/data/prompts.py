@@ -41,7 +41,10 @@ def render_prompt(tokenizer: Any, prompt: Prompt, tools: Sequence[dict] = ()) ->
 
 
 def encode_prompt(tokenizer: Any, row: Row, tools: Sequence[dict] = ()) -> list[int]:
-    """Token ids of a row's rendered prompt; a template failure is a `DataError` naming the row."""
+    """Token ids of a row's rendered prompt (none for the empty prompt of an environment's row); a template
+    failure is a `DataError` naming the row."""
+    if row.prompt == "":
+        return []
     try:
         text, special = render_prompt(tokenizer, row.prompt, tools)
     except Exception as e:  # jinja errors (unknown role, raise_exception) and the like

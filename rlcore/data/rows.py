@@ -3,7 +3,8 @@
 A row is a dict (a parquet record or a JSON object) with
 
     data_source   str                       which reward function scores it (required)
-    prompt        list of {"role", "content"} chat messages, or a plain string (required)
+    prompt        list of {"role", "content"} chat messages, or a plain string (required; with
+                  --rollout.env it may be left out: the first observation is then the first user turn)
     ability       str                       free-form tag (optional)
     reward_model  {"ground_truth": ..., "style": ...}   (optional; ground_truth may be any value)
     extra_info    dict                      passed to the reward function (optional)
@@ -52,13 +53,18 @@ class Row:
     """Where the row came from (`file row N` / `file line N`), for error messages."""
 
 
-def row_from_dict(record: Any, origin: str) -> Row:
-    """Validate one record (a dict in verl's row format) and build a `Row`; raise `DataError` naming `origin`."""
+def row_from_dict(record: Any, origin: str, *, prompt_optional: bool = False) -> Row:
+    """Validate one record (a dict in verl's row format) and build a `Row`; raise `DataError` naming `origin`.
+    `prompt_optional` (an environment's rows, whose first observation can be the first user turn): a
+    missing, null, "" or [] prompt is the empty prompt ""."""
     if not isinstance(record, Mapping):
         raise DataError(f"{origin}: row is {_kind(record)}, expected an object with a 'prompt' field")
-    if "prompt" not in record or record["prompt"] is None:
+    if prompt_optional and record.get("prompt") in (None, "", []):
+        prompt: Prompt = ""
+    elif "prompt" not in record or record["prompt"] is None:
         raise DataError(f"{origin}: missing field 'prompt'")
-    prompt = _check_prompt(record["prompt"], origin)
+    else:
+        prompt = _check_prompt(record["prompt"], origin)
     data_source = record.get("data_source")
     if data_source is None:
         raise DataError(f"{origin}: missing field 'data_source'")
@@ -117,16 +123,16 @@ def _kind(value: Any) -> str:
 # -- files ---------------------------------------------------------------------------------------
 
 
-def read_rows(paths: str | Path | Sequence[str | Path]) -> list[Row]:
-    """All rows of the given parquet / jsonl / json files, in order, validated."""
+def read_rows(paths: str | Path | Sequence[str | Path], *, prompt_optional: bool = False) -> list[Row]:
+    """All rows of the given parquet / jsonl / json files, in order, validated (`row_from_dict`)."""
     if isinstance(paths, str | Path):
         paths = [paths]
     if not paths:
         raise DataError("no data files given")
-    return [row for path in paths for row in _read_file(Path(path))]
+    return [row for path in paths for row in _read_file(Path(path), prompt_optional)]
 
 
-def _read_file(path: Path) -> Iterator[Row]:
+def _read_file(path: Path, prompt_optional: bool) -> Iterator[Row]:
     if not path.exists():
         raise DataError(f"{path}: file not found")
     if path.is_dir():
@@ -135,7 +141,7 @@ def _read_file(path: Path) -> Iterator[Row]:
         raise DataError(f"{path}: unsupported file type {path.suffix!r}, expected {'/'.join(SUFFIXES)}")
     records = _read_parquet(path) if path.suffix == ".parquet" else _read_json(path)
     for origin, record in records:
-        yield row_from_dict(record, origin)
+        yield row_from_dict(record, origin, prompt_optional=prompt_optional)
 
 
 def _read_parquet(path: Path) -> list[tuple[str, Any]]:

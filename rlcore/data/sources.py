@@ -17,8 +17,11 @@ GENERATORS: dict[str, Callable[..., list[dict]]] = {
 """Built-in tasks by name: `generator(split, n, seed=...)` -> verl-format rows."""
 
 
-def read_sources(sources: Sequence[str], *, split: str, builtin_size: int, seed: int) -> list[Row]:
-    """Rows of every source, in order: files through `read_rows`, `builtin:<task>` generated for `split`."""
+def read_sources(
+    sources: Sequence[str], *, split: str, builtin_size: int, seed: int, prompt_optional: bool = False
+) -> list[Row]:
+    """Rows of every source, in order: files through `read_rows` (`prompt_optional` as there),
+    `builtin:<task>` generated for `split`."""
     if not sources:
         raise DataError("no data sources given")
     rows: list[Row] = []
@@ -30,7 +33,7 @@ def read_sources(sources: Sequence[str], *, split: str, builtin_size: int, seed:
             generated = GENERATORS[task](split, builtin_size, seed=seed)
             rows += [row_from_dict(r, f"{source} row {i}") for i, r in enumerate(generated)]
         else:
-            rows += read_rows(source)
+            rows += read_rows(source, prompt_optional=prompt_optional)
     return rows
 
 

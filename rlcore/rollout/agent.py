@@ -69,7 +69,7 @@ from rlcore.rollout.chat import (
     call_tool,
     renders_roles,
 )
-from rlcore.rollout.env import Message, as_messages, checked_reset, checked_step
+from rlcore.rollout.env import EnvOutputError, Message, as_messages, checked_reset, checked_step
 from rlcore.rollout.tools import DEFAULT_FORMAT, TOOLS, Tool, ToolError, ToolFormat
 
 log = logging.getLogger(__name__)
@@ -276,9 +276,14 @@ def _reset_all(trajectories: list[_Trajectory], rows: Batch, setup: _Setup, seed
         row = {key: rows[key][i] for key in ("data_source", "ground_truth", "extra_info")}
         row["prompt"] = _raw_prompts(rows)[i]
         instance = cls()
-        return instance, checked_reset(
+        observation = checked_reset(
             instance.reset(seed=_env_seed(rows["uid"][i], seed), options={"row": row})
         )
+        if not observation and not _messages(row["prompt"]):
+            raise EnvOutputError(
+                "reset returned no observation for a row without a prompt: nothing to answer"
+            )
+        return instance, observation
 
     outcomes = run_concurrently([functools.partial(start, i) for i in range(len(trajectories))],
                                 timeout_s=setup.timeout_s)  # fmt: skip

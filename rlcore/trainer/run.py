@@ -170,11 +170,14 @@ def _datasets(
 ) -> tuple[PromptDataset, PromptDataset | None]:
     d, seed = cfg.data, cfg.trainer.seed
     common = {"max_prompt_length": d.max_prompt_length, "overlong": d.overlong, "tools": tools}
-    rows = read_sources(d.train_files, split="train", builtin_size=d.builtin_train_size, seed=seed)
+    optional = cfg.rollout.env is not None  # an env's first observation can be the first user turn
+    rows = read_sources(d.train_files, split="train", builtin_size=d.builtin_train_size, seed=seed,
+                        prompt_optional=optional)  # fmt: skip
     train = PromptDataset(rows, tokenizer, seed=seed, name="--data.train-files", **common)
     val = None
     if d.val_files:
-        rows = read_sources(d.val_files, split="val", builtin_size=d.builtin_val_size, seed=seed)
+        rows = read_sources(d.val_files, split="val", builtin_size=d.builtin_val_size, seed=seed,
+                            prompt_optional=optional)  # fmt: skip
         val = PromptDataset(rows, tokenizer, seed=seed, shuffle=False, name="--data.val-files", **common)
     return train, val
 

@@ -397,3 +397,26 @@ def test_real_model_recomputed_logprobs_match_the_rollouts(tok):
     mask = out["response_mask"].bool()
     assert torch.allclose(logprobs[mask], out["rollout_logprobs"][mask], atol=1e-4)
     assert (out["rollout_logprobs"][~mask] == 0).all()
+
+
+def test_without_a_prompt_the_first_observation_is_the_first_user_turn(tok):
+    from rlcore.data.rows import row_from_dict
+
+    class Intro(Guess):
+        first = "Guess a digit."
+
+    row = row_from_dict(
+        {"data_source": "guess", "reward_model": {"ground_truth": "5"}}, "r", prompt_optional=True
+    )
+    assert row.prompt == ""
+    with pytest.raises(ValueError, match="missing field 'prompt'"):
+        row_from_dict({"data_source": "guess"}, "r")
+    prompts = make_prompt_batch([row], tok, uids=["u0"])
+    sampling = SamplingParams(max_tokens=50, temperature=0.0)
+    model = ScriptedLMCache(chat_script(tok, ["5"]), len(tok))
+    out = run_agent(NativeEngine(model, tok), prompts, sampling, tok, env=EnvOptions(cls=Intro))
+    messages = [{"role": "user", "content": Intro.first}]
+    assert prompt_text(tok, out, 0) == tok.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False
+    )
+    assert out["env_rewards"].tolist() == [1.0] and pieces(tok, out, 0) == [("5<|im_end|>", 1)]
