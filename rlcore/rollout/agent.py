@@ -105,7 +105,7 @@ class _Trajectory:
     env: Any = None
     env_reward: float = 0.0
     env_fault: str | None = None
-    """"error" or "timeout" when the environment failed (the episode ended there)."""
+    """Set when the environment failed ("error" or "timeout"); the episode ended there."""
 
     def append(self, tokens: list[int], logprobs: list[float], *, generated: bool) -> None:
         self.context += tokens

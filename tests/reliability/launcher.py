@@ -58,8 +58,12 @@ class Launcher:
         env: dict[str, str] | None = None,
         file_size_limit: int | None = None,
         timeout: float = 240,
+        whole_env: bool = False,
     ) -> subprocess.CompletedProcess:
         """Run `train.py ARGV [--out-dir OUT]` in a fresh child; its exit code, stdout and stderr.
+
+        `env` is added to the launcher's environment (the test process's when the launcher started), or
+        with `whole_env` is the child's whole environment (what the test process has now, say).
 
         `file_size_limit` (bytes) sets RLIMIT_FSIZE with SIGXFSZ ignored: a larger write fails with
         EFBIG, the way a full disk fails one (and unlike a read-only directory, it binds root too).
@@ -67,8 +71,8 @@ class Launcher:
         argv = [*argv, "--out-dir", str(out)] if out is not None else list(argv)
         self._count += 1
         stdout, stderr = self._logs / f"{self._count}.out", self._logs / f"{self._count}.err"
-        request = {"argv": argv, "env": env or {}, "stdout": str(stdout), "stderr": str(stderr),
-                   "file_size_limit": file_size_limit}  # fmt: skip
+        request = {"argv": argv, "env": env or {}, "whole_env": whole_env, "stdout": str(stdout),
+                   "stderr": str(stderr), "file_size_limit": file_size_limit}  # fmt: skip
         self._proc.stdin.write(json.dumps(request).encode() + b"\n")
         self._proc.stdin.flush()
         pid = json.loads(self._readline(180))["pid"]  # the first request waits for the imports
@@ -156,6 +160,8 @@ def _child(request: dict) -> None:
             opened = os.open(path, flags, 0o644)
             os.dup2(opened, fd)
             os.close(opened)
+        if request.get("whole_env"):
+            os.environ.clear()
         os.environ.update(request["env"])
         limit = request["file_size_limit"]
         if limit is not None:

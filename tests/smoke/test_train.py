@@ -30,12 +30,13 @@ _LAUNCHER: list = []
 def train(*args: str, out: Path | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
     """`python train.py ARGS [--out-dir OUT]` as its own process, forked from a warm launcher that has
     imported the trainer once (tests/reliability/launcher.py: about 1 s to start instead of about 8)."""
-    from tests.reliability.launcher import Launcher
+    from tests.reliability.launcher import ENV, Launcher
 
     if not _LAUNCHER:
         _LAUNCHER.append(Launcher())
         atexit.register(_LAUNCHER[0].close)
-    return _LAUNCHER[0].run(list(args), out=out, timeout=timeout)
+    env = os.environ | ENV  # the test's environment as it is now, not as it was when the launcher started
+    return _LAUNCHER[0].run(list(args), out=out, timeout=timeout, env=env, whole_env=True)
 
 
 def ok(proc: subprocess.CompletedProcess) -> None:
