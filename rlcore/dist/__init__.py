@@ -1,4 +1,5 @@
-"""Distribution: DeviceMesh, FSDP2 wrapping, global reductions, DCP checkpoints, weight streaming.
+"""Distribution: DeviceMesh, FSDP2 wrapping, tensor parallelism, global reductions, DCP checkpoints,
+weight streaming.
 
 Knows nothing of RL. One process needs none of it beyond `init_distributed` (which then creates no
 process group) and `build_mesh` (which then returns None): the trainer keeps the plain module.
@@ -27,14 +28,17 @@ from rlcore.dist.fsdp import (
 from rlcore.dist.mesh import DistInfo, MeshAxis, build_mesh, close_distributed, init_distributed
 from rlcore.dist.reduce import all_reduce, all_reduce_int, mesh_size
 from rlcore.dist.stream import gathered_state, iter_full_state, save_hf_pretrained
+from rlcore.dist.tp import TP_PLANS, apply_tp, tp_problem
 
 __all__ = [
     "DistInfo",
     "MeshAxis",
+    "TP_PLANS",
     "all_reduce",
     "all_reduce_int",
     "apply_activation_checkpointing",
     "apply_fsdp",
+    "apply_tp",
     "build_mesh",
     "close_distributed",
     "decoder_layers",
@@ -51,4 +55,5 @@ __all__ = [
     "save_hf_pretrained",
     "set_gradient_sync",
     "set_rng_state",
+    "tp_problem",
 ]

@@ -36,6 +36,8 @@ class MeshAxis(StrEnum):
     """Data parallel, parameters replicated (the outer axis of hybrid sharding, e.g. across nodes)."""
     DP_SHARD = "dp_shard"
     """Data parallel, parameters sharded with FSDP2 (the inner axis, e.g. the GPUs of a node)."""
+    TP = "tp"
+    """Tensor parallel: each decoder layer's heads and MLP columns split (`rlcore.dist.tp`)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

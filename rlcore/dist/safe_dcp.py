@@ -86,4 +86,6 @@ def load(state: dict[str, Any], path: str | Path, *, no_dist: bool, process_grou
     of `process_group` (default: all)."""
     reader = SafeFileSystemReader(path)
     reader.read_metadata()  # a refused index raises here, not inside DCP (which logs it and retries)
-    dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=no_dist, process_group=process_group)
+    dcp.load(
+        state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=no_dist, process_group=process_group
+    )

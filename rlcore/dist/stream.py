@@ -168,7 +168,9 @@ def save_hf_pretrained(
         out.mkdir(parents=True, exist_ok=True)
     files: list[tuple[Path, list[str]]] = []
     dtype = None
-    buckets = iter_full_state(model, bucket_bytes=bucket_bytes, all_ranks=every_rank, group=group, state=state)
+    buckets = iter_full_state(
+        model, bucket_bytes=bucket_bytes, all_ranks=every_rank, group=group, state=state
+    )
     for k, bucket in enumerate(buckets):
         if not is_main:
             continue
@@ -216,4 +218,11 @@ def gathered_state(model: nn.Module) -> dict[str, Tensor]:
     return {name: t.to("cpu") for bucket in iter_full_state(model) for name, t in bucket}
 
 
-__all__ = ["BUCKET_BYTES", "WeightPush", "gathered_state", "iter_full_state", "save_hf_pretrained", "unique_state"]
+__all__ = [
+    "BUCKET_BYTES",
+    "WeightPush",
+    "gathered_state",
+    "iter_full_state",
+    "save_hf_pretrained",
+    "unique_state",
+]

@@ -107,7 +107,9 @@ def broadcast_weights(
     works = [dist.broadcast(piece, src, group=group, async_op=async_op) for piece in pieces]
     for _, tensor in weights:
         tensor = tensor.detach().to(device).contiguous()
-        works.append(dist.broadcast(tensor.clone() if async_op else tensor, src, group=group, async_op=async_op))
+        works.append(
+            dist.broadcast(tensor.clone() if async_op else tensor, src, group=group, async_op=async_op)
+        )
     return [w for w in works if w is not None]
 
 

@@ -4,8 +4,8 @@ children import little). Each worker writes what rank 0 saw to files the test pr
 from __future__ import annotations
 
 import os
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -219,3 +219,65 @@ def weights_worker(rank: int, directory: Path) -> None:
     engine = NativeEngine(model, tokenizer, device=torch.device("cpu"))
     engine.load_weights(receive_weights(src=1))
     torch.save(dict(engine.model.state_dict()), directory / "engine.pt")
+
+
+def tp_logprobs_and_grads(rank: int, directory: Path, kind: str, fsdp: bool) -> None:
+    """Log-probs and gradients of a tp-2 model (composed with FSDP2 on a dp_shard of 1 when `fsdp`) vs the
+    same model in this process unsplit; rank 0 saves the largest differences."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    from rlcore.dist.tp import apply_tp
+    from tests.dist.rollouts import fake_rollout
+
+    reference, model = tp_model_pair(kind)
+    mesh = init_device_mesh("cpu", (1, WORLD), mesh_dim_names=("dp_shard", "tp"))
+    apply_tp(model, mesh["tp"])
+    if fsdp:
+        apply_fsdp(model, mesh["dp_shard"])
+    batch = fake_rollout(3, 2, max_prompt=5, max_response=6, vocab=model.config.vocab_size, seed=1)
+    from rlcore.models.forward import model_inputs, response_logits
+    from rlcore.pure.logprobs import token_logprobs
+
+    out = {}
+    for name, m in (("ref", reference), ("tp", model)):
+        inputs = model_inputs(m, batch, share_prompts=False)
+        logprobs = token_logprobs(response_logits(m, inputs), inputs.labels)  # (b, r), differentiable
+        (logprobs * batch["response_mask"][:, : inputs.labels.shape[1]]).sum().backward()
+        out[name] = logprobs.detach()
+    diffs = {"logprobs": (out["tp"] - out["ref"]).abs().max().item()}
+    worst = 0.0
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+        worst = max(worst, (grad - q.grad).abs().max().item())
+    diffs["grads"] = worst
+    full = dict(iter_full_state_all(model))  # the engine sync and the HF export gather these
+    diffs["state"] = max((full[k] - v).abs().max().item() for k, v in reference.state_dict().items())
+    diffs["sharded"] = sum(
+        isinstance(p, DTensor) and p.to_local().numel() < p.numel() for p in model.parameters()
+    )
+    if rank == 0:
+        torch.save(diffs, directory / f"tp-{kind}-{fsdp}.pt")
+
+
+def tp_model_pair(kind: str) -> tuple[Any, Any]:
+    """(reference, copy) of a small random Llama or Qwen3 decoder with 4 heads and 2 KV heads."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    config_cls, model_cls = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    }[kind]
+    config = config_cls(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)  # fmt: skip
+    torch.manual_seed(0)
+    reference = model_cls(config)
+    model = model_cls(config)
+    model.load_state_dict(reference.state_dict())
+    return reference, model
+
+
+def iter_full_state_all(model: Any) -> list[tuple[str, torch.Tensor]]:
+    from rlcore.dist.stream import iter_full_state
+
+    return [(name, t.detach().to("cpu")) for bucket in iter_full_state(model, all_ranks=True) for name, t in bucket]
