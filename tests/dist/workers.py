@@ -251,12 +251,12 @@ def tp_logprobs_and_grads(rank: int, directory: Path, kind: str, fsdp: bool) -> 
         grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
         worst = max(worst, (grad - q.grad).abs().max().item())
     diffs["grads"] = worst
-    full = dict(iter_full_state_all(model))  # the engine sync and the HF export gather these
-    diffs["state"] = max((full[k] - v).abs().max().item() for k, v in reference.state_dict().items())
+    full = gathered_state(model)  # what the engine sync and the HF export gather (rank 0; every rank runs it)
     diffs["sharded"] = sum(
         isinstance(p, DTensor) and p.to_local().numel() < p.numel() for p in model.parameters()
     )
     if rank == 0:
+        diffs["state"] = max((full[k] - v).abs().max().item() for k, v in reference.state_dict().items())
         torch.save(diffs, directory / f"tp-{kind}-{fsdp}.pt")
 
 
@@ -276,8 +276,3 @@ def tp_model_pair(kind: str) -> tuple[Any, Any]:
     model.load_state_dict(reference.state_dict())
     return reference, model
 
-
-def iter_full_state_all(model: Any) -> list[tuple[str, torch.Tensor]]:
-    from rlcore.dist.stream import iter_full_state
-
-    return [(name, t.detach().to("cpu")) for bucket in iter_full_state(model, all_ranks=True) for name, t in bucket]

@@ -33,6 +33,8 @@ def _parquet(path: Path, rows: list[dict]) -> None:
     pq.write_table(pa.Table.from_pylist(rows), path)
 
 
+_RESET = "    def reset(self, *, seed=None, options=None):\n        return '', {}\n"
+_STEP = "    def step(self, action):\n        return '', 0.0, True, False, {}\n"
 FILES = {
     "empty.jsonl": "",
     "bad_json.jsonl": _rows(GOOD) + "{oops\n",
@@ -52,9 +54,9 @@ FILES = {
     "not_callable.py": "compute_score = 3\n",
     "bad_signature.py": "def compute_score(text):\n    return 0.0\n",
     "reward.txt": "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n",
-    "env_init.py": "class Env:\n    def __init__(self, level):\n        pass\n    def reset(self, *, seed=None, options=None):\n        return '', {}\n    def step(self, action):\n        return '', 0.0, True, False, {}\n",
-    "env_reset.py": "class Env:\n    def reset(self, options=None):\n        return '', {}\n    def step(self, action):\n        return '', 0.0, True, False, {}\n",
-    "env_no_step.py": "class Env:\n    def reset(self, *, seed=None, options=None):\n        return '', {}\n",
+    "env_init.py": "class Env:\n    def __init__(self, level):\n        pass\n" + _RESET + _STEP,
+    "env_reset.py": "class Env:\n    def reset(self, options=None):\n        return '', {}\n" + _STEP,
+    "env_no_step.py": "class Env:\n" + _RESET,
     "tools_no_doc.py": "def add(a: int, b: int) -> int:\n    return a + b\n",
     "tools_none.py": "X = 1\n",
     "a_file": "not a directory\n",
