@@ -286,6 +286,18 @@ class TrainerConfig:
     line naming the rank that stalled; 0 turns it off."""
     profile_steps: str = ""
     """A:B writes a torch.profiler Chrome trace of steps A to B per rank to out_dir/profile/ ("": off)."""
+    tp: int = 1
+    """Tensor parallelism (torchrun, colocate): each decoder layer's attention heads and MLP columns split
+    over this many neighbouring ranks (Llama family: llama, mistral, qwen2, qwen3), composed with FSDP2
+    over the rest; the world is the mesh (dp_shard, sp, tp) and the tp x sp ranks of one dp_shard
+    coordinate train one batch. Embeddings and lm_head stay whole (full logits on every rank). The
+    engines sample from an unsharded copy (vLLM: full weights, as without tp)."""
+    sp: int = 1
+    """Ulysses sequence parallelism (torchrun, colocate): the log-prob, value and update forwards split
+    each sequence's tokens over this many ranks, with an all-to-all around attention so that each rank
+    attends over every token for heads / sp of the heads; the log-probs are gathered, so the loss and its
+    global normalisers are unchanged. Token-budget micro-batches count whole sequences (each sp rank
+    holds 1/sp of the tokens); shared-prompt packing is off under sp (its 4D mask spans a packed row)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -417,9 +429,32 @@ def roles(cfg: Config, world_size: int) -> dict[str, int]:
     """How many ranks share each role's batch: {"world size": W} colocated, else the rollout and
     trainer ranks of split placement."""
     if cfg.pipeline.placement != "split":
+        peers = cfg.trainer.tp * cfg.trainer.sp
+        if peers > 1:
+            return {"data-parallel size (world size / tp / sp)": max(1, world_size // peers)}
         return {"world size": world_size}
     n = cfg.pipeline.rollout_ranks
     return {"number of rollout ranks": n, "number of trainer ranks": world_size - n}
+
+
+def _check_mesh(cfg: Config, world_size: int) -> None:
+    """--trainer.tp / --trainer.sp: factors of the world, colocated, without LoRA."""
+    from rlcore.dist.mesh import mesh_problem
+
+    t = cfg.trainer
+    for flag, n in (("tp", t.tp), ("sp", t.sp)):
+        _need(n >= 1, f"--trainer.{flag} {n}: must be >= 1 (1: off)")
+    if t.tp * t.sp == 1:
+        return
+    flags = " ".join(f"--trainer.{k} {n}" for k, n in (("tp", t.tp), ("sp", t.sp)) if n > 1)
+    problem = mesh_problem(world_size, tp=t.tp, sp=t.sp)
+    _need(problem is None, f"{flags}: {problem}")
+    _need(
+        cfg.pipeline.placement == "colocate",
+        f"{flags} with --pipeline.placement split: not built; use colocate",
+    )
+    _need(t.tp == 1 or (cfg.model.lora_rank == 0 and cfg.critic.lora_rank == 0),
+          f"{flags} with LoRA (--model.lora-rank / --critic.lora-rank): the adapters are not split; use tp 1")  # fmt: skip
 
 
 def _check_pipeline(cfg: Config, world_size: int) -> None:
@@ -537,6 +572,7 @@ def validate(cfg: Config, *, world_size: int = 1) -> None:
 
     d, r, a, t = cfg.data, cfg.rollout, cfg.algo, cfg.trainer
     _need(d.batch_size >= 1, f"--data.batch-size {d.batch_size}: must be >= 1")
+    _check_mesh(cfg, world_size)
     _check_pipeline(cfg, world_size)
     _check_observability(cfg)
     for role, size in roles(cfg, world_size).items():

@@ -21,7 +21,8 @@ import torch
 from torch import Tensor, nn
 
 from rlcore.batch import Batch
-from rlcore.models.forward import micro_batches, model_inputs, packed_mask
+from rlcore.dist.ulysses import gather_sequence, sp_group
+from rlcore.models.forward import micro_batches, model_inputs, packed_mask, sequence_parallel_inputs
 from rlcore.models.policy import load_policy
 from rlcore.pure.masks import masked_mean, masked_sum, masked_var
 from rlcore.update import ModelState, UpdatePlan, run_updates
@@ -71,6 +72,11 @@ def response_values(critic: nn.Module, micro: Batch, *, share_prompts: bool = Tr
     With `share_prompts`, each prompt is computed once for its samples where that pays (as the
     actor's forwards do, `rlcore.models.forward.model_inputs`)."""
     inputs = model_inputs(critic, micro, share_prompts=share_prompts)
+    group = sp_group(critic)
+    if group is not None:  # sequence-parallel: this rank's columns, gathered
+        layout, ids, positions, columns = sequence_parallel_inputs(inputs, group)
+        values = critic(ids, None, positions)  # (m, c)
+        return layout.unshift(gather_sequence(values, group), columns)  # (m, r)
     if inputs.gather is None:
         r = inputs.labels.shape[1]
         values = critic(inputs.input_ids, inputs.attention_mask, inputs.position_ids)  # (m, s)

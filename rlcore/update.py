@@ -42,6 +42,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.experimental import implicit_replication
 from torch.optim import AdamW, Optimizer
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
@@ -53,12 +54,10 @@ from rlcore.models.forward import (
     SEQUENCE_FIELDS,
     aligned_micro_batches,
     model_inputs,
-    response_logits,
-    token_entropy,
+    response_logprobs,
 )
 from rlcore.pure.corrections import is_weights
 from rlcore.pure.kl import kl_estimate
-from rlcore.pure.logprobs import token_logprobs
 from rlcore.pure.losses import aggregate
 from rlcore.pure.masks import apply_mask, masked_sum
 
@@ -208,13 +207,29 @@ MicroLoss = Callable[[nn.Module, Batch, dict[str, Any]], tuple[Tensor, dict[str,
 
 
 def _grad_norm(model: nn.Module, grad_clip: float) -> Tensor:
-    """Global L2 norm of the gradients (DTensor shards included), clipping them to `grad_clip` if > 0."""
+    """Global L2 norm of the gradients (DTensor shards included), clipping them to `grad_clip` if > 0.
+
+    Under tensor parallelism the gradients live on different meshes (the split layers' 2-D DTensors,
+    the replicated embeddings' 1-D ones or plain tensors), which torch's clipping cannot stack: each
+    mesh's norm is taken on its own, then combined."""
     params = [p for p in model.parameters() if p.grad is not None]
+    by_mesh: dict[Any, list[Tensor]] = {}
+    for p in params:
+        by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p.grad)
+    if len(by_mesh) <= 1:
+        if grad_clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+    norms = [torch.nn.utils.get_total_norm(grads) for grads in by_mesh.values()]
+    norm = torch.stack([n.full_tensor() if isinstance(n, DTensor) else n for n in norms]).norm()
     if grad_clip > 0:
-        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
-    else:
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+        coef = (grad_clip / (norm + 1e-6)).clamp(max=1.0)  # torch's clip_grad_norm_ rule
+        with implicit_replication():  # the plain 0-dim factor times every DTensor shard
+            for grads in by_mesh.values():
+                torch._foreach_mul_(grads, coef)
+    return norm
 
 
 def _one_update(
@@ -359,9 +374,9 @@ def actor_micro_loss(
     """The policy's micro-batch loss (a `MicroLoss` once the keywords are bound): the policy loss, minus
     the entropy bonus, plus the KL-to-reference loss; metrics under `actor/` (and `rollout/` gaps)."""
     inputs = model_inputs(model, micro, share_prompts=share_prompts)
-    logits = response_logits(model, inputs)  # (m, r, v)
-    r = logits.shape[1]
-    logprob = token_logprobs(logits, inputs.labels, temperature=temperature)  # (m, r) float32
+    bonus = algorithm.entropy_coef > 0  # the entropy differentiable only then
+    logprob, ent = response_logprobs(model, inputs, temperature=temperature, entropy=True, entropy_grad=bonus)
+    r = logprob.shape[1]  # (m, r) float32
     mask = micro["response_mask"][:, :r]  # (m, r)
     old = logprob.detach() if algorithm.on_policy else micro["old_logprobs"][:, :r]
     extra: dict[str, Any] = {}
@@ -378,12 +393,8 @@ def actor_micro_loss(
         logprob, old, micro["advantages"][:, :r], mask, **extra, **agg
     )
     loss = pg_loss
-    if algorithm.entropy_coef > 0:
-        ent = token_entropy(logits, temperature=temperature)  # (m, r), differentiable
+    if bonus:
         loss = loss - algorithm.entropy_coef * aggregate(ent, mask, algorithm.loss_agg, **agg)
-    else:
-        with torch.no_grad():
-            ent = token_entropy(logits.detach(), temperature=temperature)
     share = (mask != 0).sum() / norms["num_tokens"]  # this micro-batch's share of the mini-batch tokens
     metrics = {
         "actor/pg_loss": pg_loss.detach(),

@@ -78,6 +78,15 @@ def test_every_preset_is_valid(name):
          "--rollout.env / --rollout.tools (got vllm, 1)"),
         (with_(PRESETS["dapo"][1], pipeline=PipelineConfig(placement="split", mode="stream", partial_rollout=True)), 2,
          "drop --algo.dynamic-sampling"),
+        (with_(BASE, trainer=TrainerConfig(tp=4)), 6, "--trainer.tp 4: dp_shard(1) * tp(4) != world size (6): "),
+        (with_(BASE, trainer=TrainerConfig(tp=2, sp=2)), 6, "--trainer.tp 2 --trainer.sp 2: dp_shard(1) * sp(2) * tp(2) != world size (6)"),
+        (with_(BASE, trainer=TrainerConfig(sp=0)), 2, "--trainer.sp 0: must be >= 1 (1: off)"),
+        (with_(BASE, trainer=TrainerConfig(tp=2), pipeline=PipelineConfig(placement="split")), 4,
+         "--trainer.tp 2 with --pipeline.placement split: not built; use colocate"),
+        (with_(BASE, trainer=TrainerConfig(tp=2), model=ModelConfig(lora_rank=8)), 2,
+         "--trainer.tp 2 with LoRA (--model.lora-rank / --critic.lora-rank): the adapters are not split; use tp 1"),
+        (with_(BASE, data=DataConfig(batch_size=6), trainer=TrainerConfig(tp=2)), 8,
+         "--data.batch-size 6 is not divisible by the data-parallel size (world size / tp / sp) 4: use a multiple of 4"),
     ],
 )  # fmt: skip
 def test_bad_values_name_flag_value_and_fix(cfg, world_size, message):
@@ -102,4 +111,29 @@ def test_cli_errors_are_one_line():
         parse(["ppoo"])
     assert condense(" Title \n ---- \n  line one  \n  line two \n ---- \n rest") == (
         "line one line two (see python train.py --help)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("tp", "sp", "message"),
+    [
+        (3, 1, "num_attention_heads 4, num_key_value_heads 2, intermediate_size 256 not divisible by tp(3)"),
+        (2, 4, "num_attention_heads 4 not divisible by tp(2) * sp(4); use an sp that divides them"),
+        (2, 2, None),
+    ],
+)
+def test_the_model_must_split_by_tp_and_sp(tp, sp, message):
+    """Read from the model's config before any weights load (the default built-in model: 4 heads, 2 KV heads, 256 MLP columns)."""
+    from rlcore.trainer.models import check_mesh
+
+    cfg = with_(BASE, trainer=TrainerConfig(tp=tp, sp=sp))
+    if message is None:
+        check_mesh(cfg)
+        return
+    with pytest.raises(ConfigError) as info:
+        check_mesh(cfg)
+    assert str(
+        info.value
+    ) == f"--trainer.tp {tp} --trainer.sp {sp} with --model.path {cfg.model.path}: {message}" + (
+        "; use a tp that divides them" if sp == 1 else ""
     )

@@ -96,9 +96,11 @@ def apply_activation_checkpointing(model: nn.Module) -> nn.Module:
 
 
 def model_mesh(model: nn.Module) -> DeviceMesh | None:
-    """The mesh `model`'s parameters are sharded over (None for a plain, unsharded module)."""
+    """The mesh `model`'s parameters are sharded over (None for a plain, unsharded module): the first
+    DTensor parameter's (under tensor parallelism without FSDP2 the embeddings stay plain tensors)."""
     for p in model.parameters():
-        return p.device_mesh if isinstance(p, DTensor) else None
+        if isinstance(p, DTensor):
+            return p.device_mesh
     return None
 
 

@@ -36,6 +36,8 @@ class MeshAxis(StrEnum):
     """Data parallel, parameters replicated (the outer axis of hybrid sharding, e.g. across nodes)."""
     DP_SHARD = "dp_shard"
     """Data parallel, parameters sharded with FSDP2 (the inner axis, e.g. the GPUs of a node)."""
+    SP = "sp"
+    """Sequence parallel (Ulysses): each sequence's tokens split, all-to-all around attention (`rlcore.dist.ulysses`)."""
     TP = "tp"
     """Tensor parallel: each decoder layer's heads and MLP columns split (`rlcore.dist.tp`)."""
 
@@ -103,25 +105,35 @@ def init_distributed(device: str = "auto") -> DistInfo:
     return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=resolved)
 
 
-def build_mesh(info: DistInfo, *, replicate: int = 1) -> DeviceMesh | None:
-    """The data-parallel mesh: (dp_shard,) or, with `replicate` > 1, (dp_replicate, dp_shard); None for 1 process.
+def build_mesh(info: DistInfo, *, replicate: int = 1, sp: int = 1, tp: int = 1) -> DeviceMesh | None:
+    """The world as a mesh: (dp_shard,), with `replicate` > 1 (dp_replicate, dp_shard), with `sp` / `tp`
+    > 1 their axes after it (dp_shard, sp, tp); None for 1 process. Ranks are laid out tp fastest, so a
+    tp group is neighbouring ranks (one node's fast links).
 
-    Raises ValueError when `replicate` does not divide the world size.
+    Raises ValueError naming every factor when they do not multiply to the world size.
     """
-    if replicate < 1 or info.world_size % replicate:
-        raise ValueError(
-            f"replicate({replicate}) * shard(?) != world_size({info.world_size}): "
-            f"replicate must be >= 1 and divide the number of processes"
-        )
+    if min(replicate, sp, tp) < 1 or info.world_size % (replicate * sp * tp):
+        raise ValueError(mesh_problem(info.world_size, replicate=replicate, sp=sp, tp=tp))
     if info.world_size == 1:
         return None
-    shard = info.world_size // replicate
-    if replicate == 1:
-        return init_device_mesh(info.device.type, (shard,), mesh_dim_names=(MeshAxis.DP_SHARD.value,))
+    shard = info.world_size // (replicate * sp * tp)
+    axes = [(MeshAxis.DP_REPLICATE, replicate), (MeshAxis.DP_SHARD, shard), (MeshAxis.SP, sp), (MeshAxis.TP, tp)]
+    kept = [(axis, size) for axis, size in axes if size > 1 or axis == MeshAxis.DP_SHARD]
     return init_device_mesh(
-        info.device.type,
-        (replicate, shard),
-        mesh_dim_names=(MeshAxis.DP_REPLICATE.value, MeshAxis.DP_SHARD.value),
+        info.device.type, tuple(size for _, size in kept), mesh_dim_names=tuple(a.value for a, _ in kept)
+    )
+
+
+def mesh_problem(world_size: int, *, replicate: int = 1, sp: int = 1, tp: int = 1) -> str | None:
+    """One line naming every factor of a mesh that does not fit `world_size` processes (None if it fits)."""
+    if min(replicate, sp, tp) >= 1 and world_size % (replicate * sp * tp) == 0:
+        return None
+    shard = world_size // max(1, replicate * sp * tp)
+    factors = [("dp_replicate", replicate), ("dp_shard", shard), ("sp", sp), ("tp", tp)]
+    shown = " * ".join(f"{name}({size})" for name, size in factors if size != 1 or name == "dp_shard")
+    return (
+        f"{shown} != world size ({world_size}): every factor must be >= 1 and their product must divide "
+        "the number of processes"
     )
 
 

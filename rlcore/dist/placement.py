@@ -2,6 +2,7 @@
 
     place(info)                               # colocate: every rank does both (the default)
     place(info, split=True, rollout_ranks=1)  # torchrun, W ranks: rank 0 rolls out, ranks 1..W-1 train
+    place(info, tp=2, sp=2)                   # colocate on a mesh (dp_shard, sp, tp): 4 ranks share a batch
 
 Under split placement ranks [0, N) hold the rollout role (engine, rewards, prompts) and ranks [N, W)
 the trainer role (the policy sharded with FSDP2 over a mesh of the trainer ranks, reference and critic
@@ -12,6 +13,13 @@ unchanged; what crosses roles goes over three process groups made here:
     data:   every rank; finished rollouts, point to point, rollout rank -> trainer rank
     push:   the rollout ranks and the trainer leader (rank N); weight pushes, broadcast from the leader
     val:    rollout rank 0 and the trainer leader; validation results
+
+With tensor or sequence parallelism (colocated), the tp x sp ranks of one data-parallel coordinate
+are *peers*: they hold one model split between them and train one batch, so `local` is the
+data-parallel coordinate (rank and size of `mesh`, the dp_shard axis) that picks the prompts and the
+sampling seeds, `shard_mesh` is what FSDP2 shards over (dp_shard, flattened with sp: sp ranks hold the
+same parameters and sum their gradients), and `peers` is the group whose first rank's batch every peer
+trains (`rlcore.trainer.collect`).
 
 Every rank calls `place` (creating groups is collective), with the same arguments.
 """
@@ -48,7 +56,16 @@ class Placement:
     local: DistInfo
     """This rank within its role: rank and world size of the role, the global rank's device."""
     mesh: DeviceMesh | None
-    """The role's data-parallel mesh (FSDP2 for the trainer, reductions for the rollout); None for one rank."""
+    """The role's data-parallel mesh (reductions; FSDP2 for the trainer); None for one rank. Under tp / sp
+    the dp_shard axis, kept (of size 1 too) so reductions never fall back to the model's mesh."""
+    shard_mesh: DeviceMesh | None = None
+    """What FSDP2 shards the trained models over (`mesh`, or dp_shard x sp flattened); None: unsharded."""
+    tp_mesh: DeviceMesh | None = None
+    """The tensor-parallel axis (None: tp 1)."""
+    sp_mesh: DeviceMesh | None = None
+    """The sequence-parallel axis (None: sp 1)."""
+    peers: Any = None
+    """tp / sp: the process group of this rank's peers (the ranks sharing its batch); None without."""
     trainers: Any = None
     """split: the trainer ranks' process group (checkpoints of the sharded model)."""
     data: Any = None
@@ -72,7 +89,9 @@ class Placement:
     @property
     def writes(self) -> bool:
         """Whether this rank writes the run's logs, config and final model."""
-        return dist.get_rank() == self.leader if self.split else self.local.rank == 0
+        if not dist.is_initialized():
+            return True
+        return dist.get_rank() == (self.leader if self.split else 0)
 
     @property
     def trains(self) -> bool:
@@ -83,12 +102,17 @@ class Placement:
         return self.role != "trainer"
 
 
-def place(info: DistInfo, *, split: bool = False, rollout_ranks: int = 1) -> Placement:
+def place(info: DistInfo, *, split: bool = False, rollout_ranks: int = 1, tp: int = 1, sp: int = 1) -> Placement:
     """The placement of this rank (a collective under torchrun: every rank calls it alike)."""
     everyone = tuple(range(info.world_size))
     if not split:
-        return Placement(role="both", rollout_ranks=everyone, trainer_ranks=everyone, local=info,
-                         mesh=build_mesh(info))  # fmt: skip
+        if tp * sp > 1:
+            return _model_parallel(info, tp=tp, sp=sp)
+        mesh = build_mesh(info)
+        return Placement(role="both", rollout_ranks=everyone, trainer_ranks=everyone, local=info, mesh=mesh,
+                         shard_mesh=mesh)  # fmt: skip
+    if tp * sp > 1:
+        raise ValueError("tensor / sequence parallelism with split placement is not built; use colocate")
     n, w = rollout_ranks, info.world_size
     if not 1 <= n < w:
         raise ValueError(f"split placement needs 1 <= rollout ranks ({n}) < world size ({w})")
@@ -107,7 +131,26 @@ def place(info: DistInfo, *, split: bool = False, rollout_ranks: int = 1) -> Pla
     ranks = rollout if role == "rollout" else trainer
     local = dataclasses.replace(info, rank=ranks.index(info.rank), world_size=len(ranks))
     return Placement(role=role, rollout_ranks=rollout, trainer_ranks=trainer, local=local, mesh=meshes[role],
-                     **groups)  # fmt: skip
+                     shard_mesh=meshes[role] if role == "trainer" else None, **groups)  # fmt: skip
+
+
+def _model_parallel(info: DistInfo, *, tp: int, sp: int) -> Placement:
+    """Colocated on the mesh (dp_shard, sp, tp): this rank's data-parallel coordinate, axes and peers."""
+    everyone = tuple(range(info.world_size))
+    full = build_mesh(info, sp=sp, tp=tp)
+    assert full is not None  # tp * sp > 1 processes
+    dp = full[MeshAxis.DP_SHARD.value]
+    model_axes = tuple(a.value for a, n in ((MeshAxis.SP, sp), (MeshAxis.TP, tp)) if n > 1)
+    peers = full[model_axes] if len(model_axes) == 1 else full[model_axes]._flatten("sp_tp")
+    shard = full[(MeshAxis.DP_SHARD.value, MeshAxis.SP.value)]._flatten("dp_shard_sp") if sp > 1 else dp
+    local = dataclasses.replace(info, rank=dp.get_local_rank(), world_size=dp.size())
+    return Placement(
+        role="both", rollout_ranks=everyone, trainer_ranks=everyone, local=local, mesh=dp,
+        shard_mesh=shard if shard.size() > 1 else None,
+        tp_mesh=full[MeshAxis.TP.value] if tp > 1 else None,
+        sp_mesh=full[MeshAxis.SP.value] if sp > 1 else None,
+        peers=peers.get_group(),
+    )  # fmt: skip
 
 
 @contextlib.contextmanager

@@ -85,7 +85,7 @@ def apply_tp(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
 
 
 def _layers(model: nn.Module) -> list[nn.Module]:
-    inner = getattr(model, "model", model)
+    inner = getattr(model, "model", None) or getattr(model, "backbone", model)  # a causal LM, or a critic
     layers = getattr(inner, "layers", None)
     if layers is None:
         raise ValueError(f"{type(model).__name__} has no .model.layers: not a Llama-family decoder")

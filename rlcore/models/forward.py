@@ -42,6 +42,7 @@ from torch.utils.checkpoint import checkpoint
 from rlcore.batch import Batch
 from rlcore.dist.fsdp import model_mesh
 from rlcore.dist.reduce import all_reduce_int
+from rlcore.dist.ulysses import SequenceLayout, gather_sequence, sp_group
 from rlcore.models.shared_prompt import choose_plan, pack_plan, prompt_groups, worth_packing
 from rlcore.pure.logprobs import token_logprobs
 from rlcore.pure.losses import entropy as _entropy
@@ -123,11 +124,12 @@ def _window(model: nn.Module) -> float:
 def model_inputs(model: nn.Module, batch: Batch, *, share_prompts: bool = True) -> ModelInputs:
     """`sequence_tensors(batch)`, or with `share_prompts` the prompt-packed inputs where they are cheaper.
 
-    Packing applies when some prompt repeats in `batch`, the model takes a 4D mask, the packed rows
+    Packing applies when some prompt repeats in `batch`, the model takes a 4D mask (and is not
+    sequence-parallel: `rlcore.dist.ulysses` attends without a mask), the packed rows
     fit its sliding window (if any), and `shared_prompt.worth_packing` says so; the log-probs are the
     same either way (to rounding).
     """
-    hidden = _packable_hidden(model) if share_prompts else None
+    hidden = _packable_hidden(model) if share_prompts and sp_group(model) is None else None
     ids_p, attn_p, responses, attn_r = _trimmed(batch)
     left_padded = bool((attn_p[:, 1:] >= attn_p[:, :-1]).all()) and bool(attn_p[:, -1].all())
     if hidden is not None and len(batch) > 1 and left_padded:
@@ -179,6 +181,67 @@ def response_logits(model: nn.Module, inputs: ModelInputs) -> Tensor:
         logits_to_keep=inputs.keep,
     )
     return out.logits.reshape(-1, out.logits.shape[-1])[inputs.gather]  # (m, r, v)
+
+
+def response_logprobs(
+    model: nn.Module,
+    inputs: ModelInputs,
+    *,
+    temperature: float = 1.0,
+    entropy: bool = False,
+    entropy_grad: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs of `inputs.labels` (m, r) float32, with grad when enabled, and with `entropy` the
+    entropies (m, r) (differentiable only with `entropy_grad`). A sequence-parallel model
+    (`rlcore.dist.ulysses.apply_sp`) computes its own columns and gathers them."""
+    group = sp_group(model)
+    if group is not None:
+        return _sequence_parallel_logprobs(model, inputs, group, temperature, entropy, entropy_grad)
+    logits = response_logits(model, inputs)  # (m, r, v)
+    logprob = token_logprobs(logits, inputs.labels, temperature=temperature)  # (m, r)
+    return logprob, _entropies(logits, temperature, entropy, entropy_grad)
+
+
+def _entropies(logits: Tensor, temperature: float, wanted: bool, grad: bool) -> Tensor | None:
+    if not wanted:
+        return None
+    if grad:
+        return token_entropy(logits, temperature=temperature)
+    with torch.no_grad():
+        return token_entropy(logits.detach(), temperature=temperature)
+
+
+def sequence_parallel_inputs(inputs: ModelInputs, group) -> tuple[SequenceLayout, Tensor, Tensor, Tensor]:
+    """(layout, this rank's ids, its position ids, every response token's predicting column (m, r)) of
+    row inputs split over the sp ranks of `group` (`rlcore.dist.ulysses`)."""
+    if inputs.gather is not None:
+        raise ValueError(
+            "sequence parallelism takes row inputs, not prompt-packed ones (share_prompts=False)"
+        )
+    sp, rank = torch.distributed.get_world_size(group), torch.distributed.get_rank(group)
+    layout = SequenceLayout.of(inputs.attention_mask, sp)
+    ids = layout.shift(inputs.input_ids)  # (m, width)
+    positions = torch.arange(layout.width, device=ids.device).expand_as(ids)  # each row starts at 0
+    m, r = inputs.labels.shape
+    first = inputs.input_ids.shape[1] - r - 1  # the last prompt column predicts the first response token
+    columns = (first + torch.arange(r, device=ids.device)).expand(m, r)
+    return layout, layout.local(ids, rank), layout.local(positions, rank), columns
+
+
+def _sequence_parallel_logprobs(
+    model: nn.Module, inputs: ModelInputs, group, temperature: float, entropy: bool, entropy_grad: bool
+) -> tuple[Tensor, Tensor | None]:
+    layout, ids, positions, columns = sequence_parallel_inputs(inputs, group)
+    rank = torch.distributed.get_rank(group)
+    shifted = layout.shift(inputs.input_ids)
+    labels = layout.local(torch.cat([shifted[:, 1:], shifted[:, :1]], dim=1), rank)  # the next token
+    logits = model(input_ids=ids, position_ids=positions, use_cache=False).logits  # (m, c, v)
+    logprob = token_logprobs(logits, labels, temperature=temperature)  # (m, c)
+    logprob = layout.unshift(gather_sequence(logprob, group), columns)  # (m, r)
+    ent = _entropies(logits, temperature, entropy, entropy_grad)
+    if ent is not None:
+        ent = layout.unshift(gather_sequence(ent, group), columns)
+    return logprob, ent
 
 
 def _scaled_entropy(logits: Tensor, temperature: float) -> Tensor:
@@ -324,14 +387,12 @@ def compute_logprobs(
     )
     for micro, rows in pieces:
         inputs = model_inputs(model, micro, share_prompts=share_prompts)
-        logits = response_logits(model, inputs)  # (m, r, v)
-        r, k = logits.shape[1], len(rows)
+        lp, ent = response_logprobs(model, inputs, temperature=temperature, entropy=with_entropy)  # (m, r)
+        r, k = lp.shape[1], len(rows)
         rows = rows.to(mask.device)
-        lp = token_logprobs(logits, inputs.labels, temperature=temperature)  # (m, r)
         logprobs[rows, :r] = lp[:k].float()
         if entropies is not None:
-            entropies[rows, :r] = token_entropy(logits, temperature=temperature)[:k].float()
-        del logits
+            entropies[rows, :r] = ent[:k].float()
     keep = mask != 0
     logprobs = torch.where(keep, logprobs, 0.0)
     if entropies is not None:

@@ -61,6 +61,17 @@ def this_rank(h: Any, prompts: Batch) -> Batch:
     return prompts[h.dist.rank * per : (h.dist.rank + 1) * per]
 
 
+def from_first_peer(batch: Batch, h: Any) -> Batch:
+    """tp / sp: the batch of the first of this rank's peers, on every peer. Their engines sample the same
+    prompts with the same seeds, but a model split between ranks must train one batch exactly."""
+    group = h.placement.peers
+    if group is None:
+        return batch
+    box = [batch.to("cpu")]  # pickled on the host: a CUDA tensor would unpickle on the sender's device
+    torch.distributed.broadcast_object_list(box, group=group, group_src=0)
+    return box[0].to(h.dist.device)
+
+
 def due(state: TrainState, cfg: Any) -> range:
     """The steps whose batches may be generated now and are not pending yet: up to state.step + 1 + K
     (K = --pipeline.max-staleness, capped at the last step), so that the batch of step t is generated
@@ -83,6 +94,7 @@ def generate(
     version state.policy_version, tagged per token in `rollout_versions`) and the cursor after its
     prompts; `extra` metrics are logged with it."""
     batch, metrics, cursor = collect(state, h, algorithm, step)
+    batch = from_first_peer(batch, h)
     faults.slow_rollout()  # test-only (RLCORE_TEST_SLOW_ROLLOUT_S)
     versions = torch.full(batch["responses"].shape, state.policy_version, dtype=torch.long)  # (b, t)
     batch = batch.with_(rollout_versions=versions)

@@ -30,9 +30,9 @@ def _load(cfg: Config, dist: Any) -> tuple[Any, Any]:
     return model.to(dist.device), tokenizer
 
 
-def build_policy(cfg: Config, dist: Any, mesh: Any) -> tuple[Any, Any]:
-    """The trained policy (sharded with FSDP2 over the mesh when there is more than one rank)."""
-    model, tokenizer = _load(cfg, dist)
+def build_policy(cfg: Config, placement: Any) -> tuple[Any, Any]:
+    """The trained policy, split over the placement's axes (`shard`)."""
+    model, tokenizer = _load(cfg, placement.local)
     model.train()
     if cfg.model.lora_rank > 0:
         model = _with_lora(model, cfg)
@@ -40,11 +40,25 @@ def build_policy(cfg: Config, dist: Any, mesh: Any) -> tuple[Any, Any]:
         from rlcore.dist.fsdp import apply_activation_checkpointing
 
         apply_activation_checkpointing(model)
-    if mesh is not None:
+    return shard(model, placement), tokenizer
+
+
+def shard(model: Any, placement: Any) -> Any:
+    """`model` split in place over the placement's axes: tensor parallel (rlcore.dist.tp), then Ulysses
+    attention (rlcore.dist.ulysses), then FSDP2 over the shard mesh; a plain module for one process."""
+    if placement.tp_mesh is not None:
+        from rlcore.dist.tp import apply_tp
+
+        apply_tp(model, placement.tp_mesh)
+    if placement.sp_mesh is not None:
+        from rlcore.dist.ulysses import apply_sp
+
+        apply_sp(model, placement.sp_mesh)
+    if placement.shard_mesh is not None:
         from rlcore.dist.fsdp import apply_fsdp
 
-        apply_fsdp(model, mesh)
-    return model, tokenizer
+        apply_fsdp(model, placement.shard_mesh)  # each decoder layer, then the root
+    return model
 
 
 def _with_lora(model: Any, cfg: Config) -> Any:
@@ -72,18 +86,14 @@ def build_engine_copy(cfg: Config, dist: Any) -> tuple[Any, Any]:
     return model.eval(), tokenizer
 
 
-def build_reference(cfg: Config, dist: Any, mesh: Any) -> Any:
+def build_reference(cfg: Config, placement: Any) -> Any:
     """A frozen copy of the starting policy, sharded like it, never updated (None with LoRA: the
     reference is then the policy with its adapter disabled, `rlcore.trainer.learn.reference`)."""
     if cfg.model.lora_rank > 0:
         return None
-    model, _ = _load(cfg, dist)
+    model, _ = _load(cfg, placement.local)
     model.eval().requires_grad_(False)
-    if mesh is not None:
-        from rlcore.dist.fsdp import apply_fsdp
-
-        apply_fsdp(model, mesh)
-    return model
+    return shard(model, placement)
 
 
 def build_state(cfg: Config, model: Any, dist: Any) -> Any:
@@ -93,11 +103,11 @@ def build_state(cfg: Config, model: Any, dist: Any) -> Any:
     return model_state(model, cfg.optim, updates_per_run(cfg))
 
 
-def build_engine(cfg: Config, model: Any, tokenizer: Any, dist: Any, mesh: Any) -> Any:
+def build_engine(cfg: Config, model: Any, tokenizer: Any, dist: Any) -> Any:
     """The rollout engine of this rank.
 
     native, one process: the sampler runs the trained module itself (nothing to sync).
-    native under FSDP: an unsharded copy per rank (ranks decode different numbers of steps, so a
+    native with `model` sharded (FSDP2, tp): an unsharded copy per rank (ranks decode different numbers of steps, so a
     sharded module, whose forward is a collective, cannot sample); `sync_weights` refreshes it.
     vllm: `vllm.LLM` in this process (one per rank), started from the model directory (a built-in
     model is first saved to a temporary one), its weights refreshed by `sync_weights`.
@@ -105,9 +115,10 @@ def build_engine(cfg: Config, model: Any, tokenizer: Any, dist: Any, mesh: Any) 
     if cfg.rollout.engine == "vllm":
         engine = _vllm_engine(cfg, model, tokenizer)
     else:
+        from rlcore.dist.fsdp import model_mesh
         from rlcore.rollout.native import NativeEngine
 
-        if mesh is not None:
+        if model_mesh(model) is not None:
             model, _ = build_engine_copy(cfg, dist)
         engine = NativeEngine(
             model, tokenizer, device=dist.device, generator_seed=cfg.trainer.seed, compile=cfg.rollout.compile
@@ -131,6 +142,42 @@ def check_engine(cfg: Config, dist: Any) -> None:
     problem = vllm_problem(head_dim, on_cpu=dist.device.type == "cpu")
     if problem:
         raise ConfigError(f"--rollout.engine vllm with --model.path {path}: {problem}")
+
+
+def check_mesh(cfg: Config) -> None:
+    """Refuse, before any model is loaded, --trainer.tp / --trainer.sp that the model's heads, KV heads
+    or MLP width cannot be split by (one line naming the factor)."""
+    t = cfg.trainer
+    if t.tp * t.sp == 1:
+        return
+    from rlcore.dist.tp import tp_problem
+    from rlcore.dist.ulysses import sp_problem
+
+    config = _model_config(cfg.model.path)
+    problem = tp_problem(config, t.tp) or sp_problem(config, t.sp, t.tp)
+    if problem:
+        raise ConfigError(
+            f"--trainer.tp {t.tp} --trainer.sp {t.sp} with --model.path {cfg.model.path}: {problem}"
+        )
+
+
+def _model_config(path: str) -> Any:
+    """The Hugging Face config of --model.path (a built-in model's from its spec), without weights."""
+    from transformers import AutoConfig, LlamaConfig
+
+    from rlcore.models.policy import BUILTIN_PREFIX, builtin_spec
+
+    if path.startswith(BUILTIN_PREFIX):
+        try:
+            spec = builtin_spec(path.removeprefix(BUILTIN_PREFIX))
+        except ValueError as e:
+            raise ConfigError(f"--model.path: {e}") from None
+        return LlamaConfig(hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+                           num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads)  # fmt: skip
+    try:
+        return AutoConfig.from_pretrained(_directory(path))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--model.path {path}: no readable config.json ({e})") from None
 
 
 def _vllm_engine(cfg: Config, model: Any, tokenizer: Any) -> Any:
@@ -261,7 +308,7 @@ def _critic_lora(cfg: Config) -> dict[str, Any] | None:
     return {"rank": rank, "alpha": m.lora_alpha, "dropout": m.lora_dropout, "targets": m.lora_targets}
 
 
-def build_critic_state(cfg: Config, dist: Any, mesh: Any) -> Any:
+def build_critic_state(cfg: Config, placement: Any) -> Any:
     """The PPO critic (initialised from --critic.path or the policy) with its own optimizer and schedule."""
     from rlcore.critic import build_critic
     from rlcore.trainer.algorithm import critic_optim, model_state, updates_per_run
@@ -275,9 +322,5 @@ def build_critic_state(cfg: Config, dist: Any, mesh: Any) -> Any:
         )
     except ValueError as e:
         raise ConfigError(f"--critic.path: {e}") from None
-    critic = critic.to(dist.device)
-    if mesh is not None:
-        from rlcore.dist.fsdp import apply_fsdp
-
-        apply_fsdp(critic, mesh)  # each decoder layer, then the root (value head included)
+    critic = shard(critic.to(placement.local.device), placement)  # the value head in the root
     return model_state(critic, critic_optim(cfg), updates_per_run(cfg))

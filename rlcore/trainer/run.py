@@ -118,9 +118,11 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm]:
         raise ConfigError(str(e)) from None
     validate(cfg, world_size=info.world_size)
     models.check_engine(cfg, info)
+    models.check_mesh(cfg)
     agent_files = agents.load_agent_files(cfg)  # a bad env / tools file stops here, before any model loads
     p = cfg.pipeline
-    placement = place(info, split=p.placement == "split", rollout_ranks=p.rollout_ranks)
+    placement = place(info, split=p.placement == "split", rollout_ranks=p.rollout_ranks, tp=cfg.trainer.tp,
+                      sp=cfg.trainer.sp)  # fmt: skip
     dist, mesh, trains, generates = placement.local, placement.mesh, placement.trains, placement.generates
     threads = {"trainer": p.trainer_threads, "rollout": p.rollout_threads}.get(placement.role, 0)
     if threads:
@@ -129,7 +131,7 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm]:
     algorithm = build_algorithm(cfg)
     out_dir = Path(cfg.out_dir or f"runs/{cfg.preset}-{datetime.now():%Y%m%d-%H%M%S}")
     # a rollout rank of split placement loads the engine's own copy of the policy instead
-    model, tokenizer = models.build_policy(cfg, dist, mesh) if trains else models.build_engine_copy(cfg, dist)
+    model, tokenizer = models.build_policy(cfg, placement) if trains else models.build_engine_copy(cfg, dist)
     train_ds, val_ds = _datasets(cfg, tokenizer, agents.prompt_tools(agent_files, tokenizer))
     sources = sorted({row.data_source for ds in (train_ds, val_ds) if ds is not None for row in ds.rows})
     r = cfg.reward
@@ -138,14 +140,14 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm]:
     scorer = RewardScorer(r.custom, data_sources=sources, num_workers=r.num_workers, timeout_s=r.timeout_s,
                           failure_score=r.failure_score, max_error_rate=r.max_error_rate) if generates else None  # fmt: skip
     needs_ref = algorithm_needs_ref(cfg) and trains
-    ref_model = models.build_reference(cfg, dist, mesh) if needs_ref else None
+    ref_model = models.build_reference(cfg, placement) if needs_ref else None
     actor = models.build_state(cfg, model, dist) if trains else None
     engine = None
     if generates:  # an in-process vLLM takes the default group as its world: there, the rollout ranks
         with as_world(placement.rollouts if cfg.rollout.engine == "vllm" else None):
-            engine = models.build_engine(cfg, model, tokenizer, dist, mesh if trains else None)
+            engine = models.build_engine(cfg, model, tokenizer, dist)
         engine = agents.agent_engine(cfg, engine, tokenizer, agent_files)
-    critic = models.build_critic_state(cfg, dist, mesh) if algorithm.needs_critic and trains else None
+    critic = models.build_critic_state(cfg, placement) if algorithm.needs_critic and trains else None
     if placement.writes:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))

@@ -260,8 +260,8 @@ def tp_logprobs_and_grads(rank: int, directory: Path, kind: str, fsdp: bool) -> 
         torch.save(diffs, directory / f"tp-{kind}-{fsdp}.pt")
 
 
-def tp_model_pair(kind: str) -> tuple[Any, Any]:
-    """(reference, copy) of a small random Llama or Qwen3 decoder with 4 heads and 2 KV heads."""
+def tp_model_pair(kind: str, kv_heads: int = 2) -> tuple[Any, Any]:
+    """(reference, copy) of a small random Llama or Qwen3 decoder with 4 heads and `kv_heads` KV heads."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     config_cls, model_cls = {
@@ -269,10 +269,50 @@ def tp_model_pair(kind: str) -> tuple[Any, Any]:
         "qwen3": (Qwen3Config, Qwen3ForCausalLM),
     }[kind]
     config = config_cls(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)  # fmt: skip
+                        num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=8, max_position_embeddings=64)  # fmt: skip
     torch.manual_seed(0)
     reference = model_cls(config)
     model = model_cls(config)
     model.load_state_dict(reference.state_dict())
     return reference, model
 
+
+
+def sp_logprobs_and_grads(rank: int, directory: Path, kind: str, fsdp: bool, kv_heads: int) -> None:
+    """Log-probs, entropies and gradients of an sp-2 (Ulysses) model — FSDP2 over dp_shard x sp when
+    `fsdp`, else its partial gradients summed by hand — vs the same model unsplit; rank 0 saves the
+    largest differences."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    from rlcore.dist.ulysses import apply_sp
+    from rlcore.models.forward import model_inputs, response_logprobs
+    from tests.dist.rollouts import fake_rollout
+
+    reference, model = tp_model_pair(kind, kv_heads)
+    mesh = init_device_mesh("cpu", (1, WORLD), mesh_dim_names=("dp_shard", "sp"))
+    apply_sp(model, mesh["sp"])
+    if fsdp:
+        apply_fsdp(model, mesh[("dp_shard", "sp")]._flatten("dp_shard_sp"))
+    batch = fake_rollout(3, 2, max_prompt=5, max_response=7, vocab=model.config.vocab_size, seed=1)
+    out = {}
+    for name, m in (("ref", reference), ("sp", model)):
+        inputs = model_inputs(m, batch, share_prompts=False)
+        logprobs, ent = response_logprobs(m, inputs, entropy=True, entropy_grad=True)  # (b, r)
+        mask = batch["response_mask"][:, : inputs.labels.shape[1]]
+        ((logprobs + 0.1 * ent) * mask).sum().backward()
+        out[name] = (logprobs * mask).detach(), (ent * mask).detach()
+    diffs = {
+        "logprobs": (out["sp"][0] - out["ref"][0]).abs().max().item(),
+        "entropy": (out["sp"][1] - out["ref"][1]).abs().max().item(),
+    }
+    worst = 0.0
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+        if not fsdp:
+            dist.all_reduce(grad)  # each sp rank's gradient is its own columns' part
+        worst = max(worst, (grad - q.grad).abs().max().item())
+    diffs["grads"] = worst
+    diffs["grad_scale"] = max(q.grad.abs().max().item() for q in reference.parameters())
+    if rank == 0:
+        torch.save(diffs, directory / f"sp-{kind}-{fsdp}-{kv_heads}.pt")

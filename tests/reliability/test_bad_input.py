@@ -90,6 +90,8 @@ CASES = [  # (case, flags, the error line after "error: ")
     ("negative save interval", ["--trainer.save-every", "-1"],
      "--trainer.save-every -1: must be >= 0 (0 turns it off)"),
     ("keep no checkpoint", ["--trainer.keep-last", "0"], "--trainer.keep-last 0: must be >= 1"),
+    ("tensor parallel in one process", ["--trainer.tp", "2"],
+     "--trainer.tp 2: dp_shard(0) * tp(2) != world size (1): every factor must be >= 1 and their product must divide the number of processes"),
     ("bad choice", ["--data.overlong", "bogus"],
      "invalid choice 'bogus' for argument '--data.overlong'. Expected one of ('drop', 'error'). "
      "(see python train.py --help)"),

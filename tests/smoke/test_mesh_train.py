@@ -1,0 +1,84 @@
+"""train.py on 2-D meshes (issue 21): 2 gloo ranks with --trainer.tp 2 or --trainer.sp 2 train the
+default task as one process does (every metric within 1e-5 over 4 steps: the two ranks hold one model
+split, and train the batch one process trains); a checkpoint saved at tp 2 resumes in one process; a
+mesh that does not fit the world exits 2 naming its factors."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from rlcore.trainer.logger import read_metrics
+from tests.smoke.test_torchrun import torchrun
+from tests.smoke.test_train import ok, train
+
+ARGS = ["--data.batch-size", "4", "--rollout.n", "4", "--rollout.max-tokens", "8", "--trainer.steps", "4",
+        "--trainer.val-every", "0", "--log.no-progress"]  # fmt: skip
+UNCOMPARED = ("timing/", "throughput/", "perf/", "sync/", "actor/shared_prompt_frac")
+"""Wall times, and under sp the packing share (shared-prompt packing is off there)."""
+ABSOLUTE = ("rollout/logprob_diff_",)
+"""Differences of ~1e-7 between two forwards: compared absolutely."""
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("one")
+    ok(train(*ARGS, out=out))
+    return out
+
+
+def assert_same_metrics(expected: list[dict], got: list[dict], tol: float = 1e-5) -> None:
+    assert [r["step"] for r in got] == [r["step"] for r in expected]
+    for want, have in zip(expected, got, strict=True):
+        assert set(want) <= set(have), set(want) - set(have)  # a resumed run logs its model counts again
+        for key, value in want.items():
+            if key.startswith(UNCOMPARED) or not isinstance(value, float):
+                continue
+            scale = 1.0 if key.startswith(ABSOLUTE) else max(abs(value), 1e-3)
+            assert abs(have[key] - value) <= tol * scale, (want["step"], key, value, have[key])
+
+
+@pytest.mark.parametrize("axis", ["tp", "sp"])
+def test_two_ranks_split_one_model_train_like_one_process(axis, one_process, tmp_path):
+    proc = torchrun(*ARGS, f"--trainer.{axis}", "2", "--trainer.save-every", "2", "--out-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    expected = read_metrics(one_process / "metrics.jsonl")
+    assert_same_metrics(expected, read_metrics(tmp_path / "metrics.jsonl"))
+    assert expected[-1]["actor/grad_norm"] > 0
+    assert (tmp_path / "final" / "model.safetensors").is_file()  # gathered whole from the shards
+    step_2 = tmp_path / "checkpoints" / "step_2"
+    o_proj, embed = (
+        _chunks(step_2, f"model.model.{k}.weight") for k in ("layers.0.self_attn.o_proj", "embed_tokens")
+    )
+    if axis == "tp":  # o_proj split by its input (the heads), the embeddings whole on each rank
+        assert (o_proj, embed) == ([(96, 48), (96, 48)], [(103, 96)])
+    else:  # FSDP2 over the sp ranks: every parameter sharded by rows
+        assert (o_proj, embed) == ([(48, 96), (48, 96)], [(52, 96), (51, 96)])
+    if axis == "tp":  # the checkpoint of step 2, saved from the tp shards, resumes in one process
+        resumed = tmp_path / "resumed"
+        ok(train(*ARGS, "--resume", str(step_2), out=resumed))
+        assert_same_metrics(expected[2:], read_metrics(resumed / "metrics.jsonl"))
+
+
+def _chunks(checkpoint: Path, key: str) -> list[tuple[int, ...]]:
+    """The shapes of the pieces the ranks saved of `key` in a checkpoint's DCP index."""
+    from rlcore.dist.safe_dcp import SafeFileSystemReader
+
+    index = SafeFileSystemReader(str(checkpoint / "dcp")).read_metadata()
+    return [tuple(chunk.sizes) for chunk in index.state_dict_metadata[key].chunks]
+
+
+def test_a_mesh_that_does_not_fit_the_world_names_its_factors(tmp_path):
+    proc = torchrun(*ARGS, "--trainer.tp", "4", "--out-dir", str(tmp_path), timeout=120)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == 2 * [
+        "error: --trainer.tp 4: dp_shard(0) * tp(4) != world size (2): every factor must be >= 1 and their "
+        "product must divide the number of processes"
+    ], proc.stderr[-2000:]
+    assert not re.search(r'File ".*(rlcore|train\.py)', proc.stderr), proc.stderr[
+        -3000:
+    ]  # torchrun's own only
