@@ -290,8 +290,9 @@ class TrainerConfig:
     """Tensor parallelism (torchrun, colocate): each decoder layer's attention heads and MLP columns split
     over this many neighbouring ranks (Llama family: llama, mistral, qwen2, qwen3), composed with FSDP2
     over the rest; the world is the mesh (dp_shard, sp, tp) and the tp x sp ranks of one dp_shard
-    coordinate train one batch. Embeddings and lm_head stay whole (full logits on every rank). The
-    engines sample from an unsharded copy (vLLM: full weights, as without tp)."""
+    coordinate train one batch. An untied lm_head is split by vocabulary (vocab-parallel log-probs:
+    no rank holds the full logits); embeddings and a tied lm_head stay whole. The engines sample from
+    an unsharded copy (vLLM: full weights, as without tp)."""
     sp: int = 1
     """Ulysses sequence parallelism (torchrun, colocate): the log-prob, value and update forwards split
     each sequence's tokens over this many ranks, with an all-to-all around attention so that each rank

@@ -42,6 +42,7 @@ from torch.utils.checkpoint import checkpoint
 from rlcore.batch import Batch
 from rlcore.dist.fsdp import model_mesh
 from rlcore.dist.reduce import all_reduce_int
+from rlcore.dist.tp import vocab_group, vocab_parallel_entropy, vocab_parallel_logprobs
 from rlcore.dist.ulysses import SequenceLayout, gather_sequence, sp_group
 from rlcore.models.shared_prompt import choose_plan, pack_plan, prompt_groups, worth_packing
 from rlcore.pure.logprobs import token_logprobs
@@ -197,14 +198,29 @@ def response_logprobs(
     group = sp_group(model)
     if group is not None:
         return _sequence_parallel_logprobs(model, inputs, group, temperature, entropy, entropy_grad)
-    logits = response_logits(model, inputs)  # (m, r, v)
-    logprob = token_logprobs(logits, inputs.labels, temperature=temperature)  # (m, r)
-    return logprob, _entropies(logits, temperature, entropy, entropy_grad)
+    logits = response_logits(model, inputs)  # (m, r, v), or (m, r, v / tp) split by vocabulary
+    logprob = _logprobs(model, logits, inputs.labels, temperature)  # (m, r)
+    return logprob, _entropies(model, logits, temperature, entropy, entropy_grad)
 
 
-def _entropies(logits: Tensor, temperature: float, wanted: bool, grad: bool) -> Tensor | None:
+def _logprobs(model: nn.Module, logits: Tensor, labels: Tensor, temperature: float) -> Tensor:
+    vocab = vocab_group(model)
+    if vocab is not None:  # tensor parallel: this rank's vocabulary shard of the logits
+        return vocab_parallel_logprobs(logits, labels, vocab, temperature=temperature)
+    return token_logprobs(logits, labels, temperature=temperature)
+
+
+def _entropies(
+    model: nn.Module, logits: Tensor, temperature: float, wanted: bool, grad: bool
+) -> Tensor | None:
     if not wanted:
         return None
+    vocab = vocab_group(model)
+    if vocab is not None:
+        if grad:
+            return vocab_parallel_entropy(logits, vocab, temperature=temperature)
+        with torch.no_grad():
+            return vocab_parallel_entropy(logits.detach(), vocab, temperature=temperature)
     if grad:
         return token_entropy(logits, temperature=temperature)
     with torch.no_grad():
@@ -236,9 +252,9 @@ def _sequence_parallel_logprobs(
     shifted = layout.shift(inputs.input_ids)
     labels = layout.local(torch.cat([shifted[:, 1:], shifted[:, :1]], dim=1), rank)  # the next token
     logits = model(input_ids=ids, position_ids=positions, use_cache=False).logits  # (m, c, v)
-    logprob = token_logprobs(logits, labels, temperature=temperature)  # (m, c)
+    logprob = _logprobs(model, logits, labels, temperature)  # (m, c)
     logprob = layout.unshift(gather_sequence(logprob, group), columns)  # (m, r)
-    ent = _entropies(logits, temperature, entropy, entropy_grad)
+    ent = _entropies(model, logits, temperature, entropy, entropy_grad)
     if ent is not None:
         ent = layout.unshift(gather_sequence(ent, group), columns)
     return logprob, ent

@@ -12,13 +12,16 @@ from rlcore.dist.tp import tp_problem
 from tests.dist import workers
 
 
-@pytest.mark.parametrize(("kind", "fsdp"), [("llama", False), ("qwen3", True)])
+@pytest.mark.parametrize(("kind", "fsdp"), [("llama", False), ("qwen3", True), ("llama-tied", True)])
 def test_tp2_equals_one_process(kind, fsdp, tmp_path):
+    """Log-probs and entropies at temperature 0.7, from vocab-parallel logits (lm_head split 25 + 24)
+    or, with lm_head tied to the embeddings, whole ones."""
     workers.spawn("tp_logprobs_and_grads", tmp_path, kind, fsdp)
     diffs = torch.load(tmp_path / f"tp-{kind}-{fsdp}.pt")
-    assert diffs["logprobs"] < 1e-5 and diffs["grads"] < 1e-5, diffs
+    assert diffs["logprobs"] < 1e-5 and diffs["entropy"] < 1e-5 and diffs["grads"] < 1e-5, diffs
+    assert diffs["vocab_parallel"] == (not kind.endswith("-tied"))
     assert diffs["state"] == 0.0  # the full weights gather back exactly from the tp (and FSDP) shards
-    assert diffs["sharded"] == 2 * 7  # q, k, v, o, gate, up, down of both layers hold half each
+    assert diffs["sharded"] == 2 * 7 + (not kind.endswith("-tied"))  # q, k, v, o, gate, up, down (+ lm_head)
 
 
 def test_tp_problem_names_the_factor():

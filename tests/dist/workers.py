@@ -230,22 +230,33 @@ def tp_logprobs_and_grads(rank: int, directory: Path, kind: str, fsdp: bool) -> 
     from rlcore.dist.tp import apply_tp
     from tests.dist.rollouts import fake_rollout
 
-    reference, model = tp_model_pair(kind)
+    tied = kind.endswith("-tied")
+    reference, model = tp_model_pair(kind.removesuffix("-tied"), tied=tied)
     mesh = init_device_mesh("cpu", (1, WORLD), mesh_dim_names=("dp_shard", "tp"))
     apply_tp(model, mesh["tp"])
     if fsdp:
         apply_fsdp(model, mesh["dp_shard"])
     batch = fake_rollout(3, 2, max_prompt=5, max_response=6, vocab=model.config.vocab_size, seed=1)
-    from rlcore.models.forward import model_inputs, response_logits
-    from rlcore.pure.logprobs import token_logprobs
+    from rlcore.dist import tp
+    from rlcore.dist.tp import vocab_group
+    from rlcore.models.forward import model_inputs, response_logprobs
+
+    tp._CHUNK = 3 * 25  # vocab-parallel passes over 3 positions at a time: many chunks, a short last one
 
     out = {}
     for name, m in (("ref", reference), ("tp", model)):
         inputs = model_inputs(m, batch, share_prompts=False)
-        logprobs = token_logprobs(response_logits(m, inputs), inputs.labels)  # (b, r), differentiable
-        (logprobs * batch["response_mask"][:, : inputs.labels.shape[1]]).sum().backward()
-        out[name] = logprobs.detach()
-    diffs = {"logprobs": (out["tp"] - out["ref"]).abs().max().item()}
+        logprobs, ent = response_logprobs(
+            m, inputs, temperature=0.7, entropy=True, entropy_grad=True
+        )  # (b, r)
+        mask = batch["response_mask"][:, : inputs.labels.shape[1]]
+        ((logprobs + 0.1 * ent) * mask).sum().backward()
+        out[name] = (logprobs * mask).detach(), (ent * mask).detach()
+    diffs = {
+        "logprobs": (out["tp"][0] - out["ref"][0]).abs().max().item(),
+        "entropy": (out["tp"][1] - out["ref"][1]).abs().max().item(),
+        "vocab_parallel": vocab_group(model) is not None,
+    }
     worst = 0.0
     for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
@@ -256,26 +267,27 @@ def tp_logprobs_and_grads(rank: int, directory: Path, kind: str, fsdp: bool) -> 
         isinstance(p, DTensor) and p.to_local().numel() < p.numel() for p in model.parameters()
     )
     if rank == 0:
-        diffs["state"] = max((full[k] - v).abs().max().item() for k, v in reference.state_dict().items())
+        expected = reference.state_dict()  # a tied lm_head is gathered once, as the embeddings
+        diffs["state"] = max((v - expected[k]).abs().max().item() for k, v in full.items())
         torch.save(diffs, directory / f"tp-{kind}-{fsdp}.pt")
 
 
-def tp_model_pair(kind: str, kv_heads: int = 2) -> tuple[Any, Any]:
-    """(reference, copy) of a small random Llama or Qwen3 decoder with 4 heads and `kv_heads` KV heads."""
+def tp_model_pair(kind: str, kv_heads: int = 2, *, tied: bool = False) -> tuple[Any, Any]:
+    """(reference, copy) of a small random Llama or Qwen3 decoder with 4 heads and `kv_heads` KV heads, a
+    vocabulary of 49 (split 25 + 24 by tp 2), lm_head `tied` to the embeddings or not."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     config_cls, model_cls = {
         "llama": (LlamaConfig, LlamaForCausalLM),
         "qwen3": (Qwen3Config, Qwen3ForCausalLM),
     }[kind]
-    config = config_cls(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    config = config_cls(vocab_size=49, tie_word_embeddings=tied, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=8, max_position_embeddings=64)  # fmt: skip
     torch.manual_seed(0)
     reference = model_cls(config)
     model = model_cls(config)
     model.load_state_dict(reference.state_dict())
     return reference, model
-
 
 
 def sp_logprobs_and_grads(rank: int, directory: Path, kind: str, fsdp: bool, kv_heads: int) -> None:

@@ -1,5 +1,5 @@
 """train.py on 2-D meshes (issue 21): 2 gloo ranks with --trainer.tp 2 or --trainer.sp 2 train the
-default task as one process does (every metric within 1e-5 over 4 steps: the two ranks hold one model
+default task (and tp x sp on 4 ranks an untied model) as one process does (every metric within 1e-5 over 4 steps: the two ranks hold one model
 split, and train the batch one process trains); a checkpoint saved at tp 2 resumes in one process; a
 mesh that does not fit the world exits 2 naming its factors."""
 
@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from rlcore.trainer.logger import read_metrics
 from tests.smoke.test_torchrun import torchrun
@@ -23,9 +24,29 @@ ABSOLUTE = ("rollout/logprob_diff_",)
 
 
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("one")
-    ok(train(*ARGS, out=out))
+def untied(tmp_path_factory) -> Path:
+    """A Hugging Face directory of the built-in tiny shape with lm_head untied from the embeddings (as in
+    most models past 3B): tp splits it by vocabulary, where the built-in model's tied head stays whole."""
+    from transformers import LlamaForCausalLM
+
+    from rlcore.models.policy import builtin_config, load_policy
+
+    _, tokenizer = load_policy("builtin:tiny")
+    config = builtin_config("tiny", tokenizer)
+    config.tie_word_embeddings = False
+    torch.manual_seed(0)
+    directory = tmp_path_factory.mktemp("untied")
+    LlamaForCausalLM(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, untied) -> dict[str, Path]:
+    """The 1-process runs: of the default model, and of the untied one."""
+    out = {"default": tmp_path_factory.mktemp("one"), "untied": tmp_path_factory.mktemp("one-untied")}
+    ok(train(*ARGS, out=out["default"]))
+    ok(train(*ARGS, "--model.path", str(untied), out=out["untied"]))
     return out
 
 
@@ -40,12 +61,19 @@ def assert_same_metrics(expected: list[dict], got: list[dict], tol: float = 1e-5
             assert abs(have[key] - value) <= tol * scale, (want["step"], key, value, have[key])
 
 
-@pytest.mark.parametrize("axis", ["tp", "sp"])
-def test_two_ranks_split_one_model_train_like_one_process(axis, one_process, tmp_path):
-    proc = torchrun(*ARGS, f"--trainer.{axis}", "2", "--trainer.save-every", "2", "--out-dir", str(tmp_path))
+@pytest.mark.parametrize("axis", ["tp", "sp", "tp+sp"])
+def test_ranks_that_split_one_model_train_like_one_process(axis, one_process, untied, tmp_path):
+    """tp 2, sp 2 on 2 ranks; both on 4 ranks (the mesh (1, 2, 2), Ulysses over the tp shards' heads),
+    with the untied model (its lm_head split by vocabulary: vocab-parallel log-probs and entropies)."""
+    flags = [arg for name in axis.split("+") for arg in (f"--trainer.{name}", "2")]
+    nproc = len(flags)  # 2 per axis
+    model = "untied" if axis == "tp+sp" else "default"
+    if model == "untied":
+        flags += ["--model.path", str(untied)]
+    proc = torchrun(*ARGS, *flags, "--trainer.save-every", "2", "--out-dir", str(tmp_path), nproc=nproc)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
-    expected = read_metrics(one_process / "metrics.jsonl")
+    expected = read_metrics(one_process[model] / "metrics.jsonl")
     assert_same_metrics(expected, read_metrics(tmp_path / "metrics.jsonl"))
     assert expected[-1]["actor/grad_norm"] > 0
     assert (tmp_path / "final" / "model.safetensors").is_file()  # gathered whole from the shards
@@ -53,10 +81,13 @@ def test_two_ranks_split_one_model_train_like_one_process(axis, one_process, tmp
     o_proj, embed = (
         _chunks(step_2, f"model.model.{k}.weight") for k in ("layers.0.self_attn.o_proj", "embed_tokens")
     )
-    if axis == "tp":  # o_proj split by its input (the heads), the embeddings whole on each rank
-        assert (o_proj, embed) == ([(96, 48), (96, 48)], [(103, 96)])
-    else:  # FSDP2 over the sp ranks: every parameter sharded by rows
+    head = _chunks(step_2, "model.lm_head.weight")
+    if axis == "tp":  # o_proj split by its input (the heads); the tied lm_head and embeddings whole
+        assert (o_proj, head, embed) == ([(96, 48)] * 2, [(103, 96)], [(103, 96)])
+    elif axis == "sp":  # FSDP2 over the sp ranks: every parameter sharded by rows
         assert (o_proj, embed) == ([(48, 96), (48, 96)], [(52, 96), (51, 96)])
+    else:  # tp's split, each half sharded by rows over the sp ranks; lm_head by vocabulary, then rows
+        assert (o_proj, head, embed) == ([(48, 48)] * 4, [(26, 96)] * 3 + [(25, 96)], [(52, 96), (51, 96)])
     if axis == "tp":  # the checkpoint of step 2, saved from the tp shards, resumes in one process
         resumed = tmp_path / "resumed"
         ok(train(*ARGS, "--resume", str(step_2), out=resumed))

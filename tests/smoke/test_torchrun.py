@@ -19,8 +19,10 @@ ARGS = [
 ]  # fmt: skip
 
 
-def torchrun(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+def torchrun(
+    *args: str, timeout: float = 300, env: dict | None = None, nproc: int = 2
+) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            str(ROOT / "train.py"), *args]  # fmt: skip
     env = (env or dict(os.environ)) | {"OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"}
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
