@@ -134,6 +134,12 @@ class RewardConfig:
     """DAPO soft overlong penalty: buffer length in tokens before --rollout.max-tokens (0 = off)."""
     overlong_penalty_factor: float = 1.0
     """DAPO soft overlong penalty: the largest penalty."""
+    math_verifier: Literal["verl", "math-verify"] = "verl"
+    """How the built-in table checks math answers. verl: verl's rules per data_source, so a verl
+    recipe's curves are comparable — the MATH sets score the last \\boxed{} after string normalisation
+    (1 / 0; an unboxed answer scores 0), math_dapo / math / aime* the last "Answer:" line after the
+    Minerva normalisation (1 / -1). math-verify: every math data_source by symbolic equivalence of any
+    final answer, boxed or not (1 / 0; needs pip install math-verify)."""
 
 
 @dataclass(frozen=True, kw_only=True)

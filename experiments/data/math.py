@@ -34,31 +34,10 @@ import orjson  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
+from rlcore.rewards.math_reward import last_boxed  # noqa: E402  (verl's precedence: a `\\boxed ` wins)
+
 DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
 INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
-
-
-def last_boxed(text: str) -> str | None:
-    """The last `\\boxed{...}` (braces balanced) or `\\fbox{...}` of `text`, or a `\\boxed x` up to `$`.
-
-    Same precedence as verl's `last_boxed_only_string`: a `\\boxed ` (with a space) anywhere wins.
-    """
-    if "\\boxed " in text:
-        return "\\boxed " + text.split("\\boxed ")[-1].split("$")[0]
-    start = text.rfind("\\boxed")
-    if start < 0:
-        start = text.rfind("\\fbox")
-    if start < 0:
-        return None
-    depth = 0
-    for i in range(start, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start : i + 1]
-    return None
 
 
 def strip_box(boxed: str) -> str | None:

@@ -33,7 +33,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from rlcore.rewards.custom import RewardSpecError, split_spec
-from rlcore.rewards.dispatch import REWARD_FNS, resolve_reward_fn, unknown_sources_error
+from rlcore.rewards.dispatch import find_reward, resolve_reward_fn, unknown_sources_error
 from rlcore.rewards.worker import Outcome, call_reward, serve
 
 logger = logging.getLogger(__name__)
@@ -101,12 +101,16 @@ class RewardScorer:
         failure_score: float = 0.0,
         max_error_rate: float = 0.5,
         start_timeout_s: float = 120.0,
+        math_verifier: str = "verl",
     ) -> None:
         _check_options(num_workers, timeout_s, failure_score, max_error_rate, start_timeout_s)
         self.num_workers, self.timeout_s, self.start_timeout_s = num_workers, timeout_s, start_timeout_s
         self.failure_score, self.max_error_rate = failure_score, max_error_rate
         self._sources = tuple(sorted(set(data_sources)))
-        self._fn = resolve_reward_fn(self._sources, custom)  # raises here, at start-up, if unusable
+        self._fn = resolve_reward_fn(
+            self._sources, custom, math_verifier
+        )  # raises here, at start-up, if unusable
+        self._math_verifier = math_verifier
         self._custom = None if custom is None else ":".join(map(str, split_spec(custom)))  # absolute path
         self._logged_error = self._logged_timeout = False
         self._workers: list[_Worker] = []
@@ -118,7 +122,7 @@ class RewardScorer:
 
     def covers(self, data_source: str) -> bool:
         """Whether a reward function scores `data_source` (the custom one scores every data_source)."""
-        return self._custom is not None or data_source in REWARD_FNS
+        return self._custom is not None or find_reward(data_source) is not None
 
     def score(
         self,
@@ -129,8 +133,9 @@ class RewardScorer:
     ) -> Scores:
         """Score every sample; raise `RewardError` if more than `max_error_rate` of them failed."""
         tasks = list(zip(data_sources, solutions, ground_truths, extra_infos, strict=True))
-        if self._custom is None and set(data_sources) - REWARD_FNS.keys():
-            raise unknown_sources_error(set(data_sources) - REWARD_FNS.keys())
+        unknown = {s for s in data_sources if find_reward(s) is None} if self._custom is None else set()
+        if unknown:
+            raise unknown_sources_error(unknown)
         if self.num_workers and not self._workers:
             raise RewardError("RewardScorer.score called after close()")
         if self._workers:
@@ -162,7 +167,10 @@ class RewardScorer:
     def _start(self) -> _Worker:
         parent_end, child_end = self._ctx.Pipe()
         process = self._ctx.Process(  # not daemonic: reward functions may start processes of their own
-            target=serve, args=(child_end, self._custom, self._sources), name="rlcore-reward", daemon=False
+            target=serve,
+            args=(child_end, self._custom, self._sources, self._math_verifier),
+            name="rlcore-reward",
+            daemon=False,
         )
         process.start()
         child_end.close()  # so that the worker's death reads as EOF here

@@ -69,12 +69,14 @@ def _is_number(value: Any) -> bool:
     )
 
 
-def serve(conn: Connection, custom: str | None, data_sources: tuple[str, ...]) -> None:
+def serve(
+    conn: Connection, custom: str | None, data_sources: tuple[str, ...], math_verifier: str = "verl"
+) -> None:
     """Main loop of a reward worker process (the target of `multiprocessing.Process`)."""
     os.setpgrp()  # the parent kills the whole group: this worker and whatever its reward function started
     threading.Thread(target=_die_with_parent, daemon=True).start()
     try:
-        fn = resolve_reward_fn(data_sources, custom)
+        fn = resolve_reward_fn(data_sources, custom, math_verifier)
     except BaseException:
         conn.send(("failed", traceback.format_exc()))
         return

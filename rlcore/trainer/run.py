@@ -30,7 +30,7 @@ from rlcore.dist.mesh import close_distributed, init_distributed
 from rlcore.dist.placement import Placement, as_world, place
 from rlcore.dist.reduce import all_reduce_int, reduce_metrics
 from rlcore.rewards.custom import RewardSpecError
-from rlcore.rewards.dispatch import REWARD_FNS
+from rlcore.rewards.dispatch import find_reward
 from rlcore.rewards.pool import RewardScorer
 from rlcore.rollout.env import EnvSpecError
 from rlcore.state import Rollout, TrainState
@@ -136,9 +136,10 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm]:
     sources = sorted({row.data_source for ds in (train_ds, val_ds) if ds is not None for row in ds.rows})
     r = cfg.reward
     if cfg.rollout.env is not None:  # an env scores its episodes: a reward function only where one exists
-        sources = [s for s in sources if s in REWARD_FNS]
+        sources = [s for s in sources if find_reward(s) is not None]
     scorer = RewardScorer(r.custom, data_sources=sources, num_workers=r.num_workers, timeout_s=r.timeout_s,
-                          failure_score=r.failure_score, max_error_rate=r.max_error_rate) if generates else None  # fmt: skip
+                          failure_score=r.failure_score, max_error_rate=r.max_error_rate,
+                          math_verifier=r.math_verifier) if generates else None  # fmt: skip
     needs_ref = algorithm_needs_ref(cfg) and trains
     ref_model = models.build_reference(cfg, placement) if needs_ref else None
     actor = models.build_state(cfg, model, dist) if trains else None

@@ -9,8 +9,10 @@ from rlcore.data.tasks import TASKS, generate_rows
 from rlcore.rewards import countdown, gsm8k, math_answer
 from rlcore.rewards.dispatch import (
     CODE_SOURCES,
+    DAPO_SOURCES,
     MATH_SOURCES,
     REWARD_FNS,
+    SEARCH_R1_SOURCES,
     UnknownDataSourceError,
     default_compute_score,
     resolve_reward_fn,
@@ -84,10 +86,16 @@ def test_math_unparseable_ground_truth_raises():
         math_answer.score("\\boxed{1}", "")
 
 
-@pytest.mark.parametrize("source", MATH_SOURCES)
-def test_math_sources_dispatch_to_math_verify(source):
-    assert default_compute_score(source, "so \\boxed{0.5}", "\\frac{1}{2}") == 1.0
-    assert default_compute_score(source, "so \\boxed{0.6}", "\\frac{1}{2}") == 0.0
+@pytest.mark.parametrize("source", [*MATH_SOURCES, *DAPO_SOURCES, "aime2025"])
+def test_math_verifier_math_verify_checks_every_math_source_symbolically(source):
+    fn = resolve_reward_fn([source], math_verifier="math-verify")
+    assert fn(source, "so \\boxed{2/4}", "\\frac{1}{2}") == 1.0  # verl's rules: 0 (MATH), -1 (DAPO)
+    assert fn(source, "so the answer is 0.5", "\\frac{1}{2}") == 1.0  # unboxed
+    assert fn(source, "so \\boxed{0.6}", "\\frac{1}{2}") == 0.0
+    assert default_compute_score(source, "so \\boxed{2/4}", "\\frac{1}{2}") in (
+        0.0,
+        {"score": -1.0, "acc": False, "pred": "[INVALID]"},
+    )
 
 
 # -- Countdown (TinyZero) ----------------------------------------------------------------------------
@@ -151,6 +159,12 @@ def _examples() -> dict[str, tuple[str, str, object]]:
     """(right response, wrong response, ground truth) for every data_source of REWARD_FNS."""
     out: dict[str, tuple[str, str, object]] = {"openai/gsm8k": ("#### 72", "#### 7", "72")}
     out.update(dict.fromkeys(MATH_SOURCES, ("\\boxed{0.5}", "\\boxed{5}", "\\frac{1}{2}")))
+    out.update(dict.fromkeys(DAPO_SOURCES, ("so\nAnswer: 0.5", "Answer: 5", "0.5")))
+    out.update(
+        dict.fromkeys(
+            SEARCH_R1_SOURCES, ("<answer>Paris</answer>", "<answer>Rome</answer>", {"target": ["Paris"]})
+        )
+    )
     out["countdown"] = ("<answer>3*8*1</answer>", "<answer>3+8+1</answer>", TRUTH)
     code_truth = {"inputs": ["3\n"], "outputs": ["6\n"]}  # double the input
     out.update(dict.fromkeys(CODE_SOURCES, ("print(2 * int(input()))", "print(int(input()))", code_truth)))
@@ -186,6 +200,8 @@ def test_table_covers_verl_names_and_every_builtin_task():
         "openai/gsm8k",
         "countdown",
         *MATH_SOURCES,
+        *DAPO_SOURCES,
+        *SEARCH_R1_SOURCES,
         *CODE_SOURCES,
         *(f"builtin/{t}" for t in GENERATORS),
     }
@@ -199,5 +215,5 @@ def test_unknown_data_source_fails_at_start_up_with_the_fix():
         resolve_reward_fn(["openai/gsm8k", "my/data"])
     with pytest.raises(UnknownDataSourceError, match="'my/data'"):
         default_compute_score("my/data", "x", "y")
-    assert resolve_reward_fn(["openai/gsm8k", "builtin/add", "math"]) is default_compute_score
+    assert resolve_reward_fn(["openai/gsm8k", "builtin/add", "math", "aime2024"]) is default_compute_score
     assert issubclass(UnknownDataSourceError, ValueError)

@@ -174,3 +174,36 @@ def test_multi_turn_calc_task_trains_with_tool_results_masked(tmp_path):
         assert r["train/reward_mean"] >= r["agent/tool_calls_mean"] * 0.5  # tool use is rewarded
     assert records[3]["agent/tool_calls_mean"] > records[1]["agent/tool_calls_mean"]
     assert "val/builtin/calc/reward_mean" in records[-1]
+
+
+def test_dapo_runs_the_dapo_recipes_own_data(tmp_path):
+    """Issue 22: rows of the DAPO recipe's data (data_source math_dapo, an "Answer:" instruction) and an
+    AIME validation set (aime2024) score with verl's math_dapo rule, 1 / -1, with `reward/acc`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def rows(source: str, count: int) -> list[dict]:
+        ask = "Solve. The last line of your response should be of the form Answer: $Answer.\n"
+        return [{"data_source": source, "prompt": [{"role": "user", "content": f"{ask}{i} + {i} = ?"}],
+                 "reward_model": {"ground_truth": str(2 * i), "style": "rule-lighteval/MATH_v2"}}
+                for i in range(count)]  # fmt: skip
+
+    pq.write_table(pa.Table.from_pylist(rows("math_dapo", 16)), tmp_path / "dapo.parquet")
+    pq.write_table(pa.Table.from_pylist(rows("aime2024", 4)), tmp_path / "aime.parquet")
+    files = [
+        "--data.train-files",
+        str(tmp_path / "dapo.parquet"),
+        "--data.val-files",
+        str(tmp_path / "aime.parquet"),
+    ]
+    ok(
+        train(
+            "dapo", *SMALL, *files, "--trainer.steps", "1", "--trainer.val-every", "1", out=tmp_path / "run"
+        )
+    )
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    step = records[
+        -1
+    ]  # the untrained model never ends with "Answer: <n>": -1 each (and DAPO's overlong penalty)
+    assert step["reward/acc"] == 0.0 and step["train/reward_mean"] <= -1.0, step
+    assert records[0]["val/reward_mean"] == -1.0, records[0]

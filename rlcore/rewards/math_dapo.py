@@ -1,0 +1,66 @@
+"""DAPO / AIME answers, verl's `math_dapo` rules: the last `Answer: ...` line, Minerva-normalised, 1 / -1.
+
+verl scores `math_dapo`, `math`, `math_dapo_reasoning` and every data_source starting with `aime`
+with `verl/utils/reward_score/math_dapo.py`: only the response's last 300 characters are read; the
+answer is the last match of `Answer\\s*:\\s*(...)` (case-insensitive, to the end of the line), or
+`[INVALID]` when there is none; it and the ground truth are normalised (`normalize_final_answer`, the
+Minerva rules: the part after the last `=`, words and units removed, `\\text{}` / `\\boxed{}` unwrapped,
+`\\fracab` -> `\\frac{a}{b}`, thousands commas dropped from integers) and compared as strings. The result
+is a dict: `score` 1.0 or -1.0, `acc` (logged as `reward/acc`) and `pred` (the normalised answer, text:
+not logged). A boxed answer without an `Answer:` line scores -1, as in verl (the DAPO prompt asks for
+"Answer: $Answer"). verl's optional strict-box mode is not the default and is not built.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+TAIL_CHARS = 300
+"""verl reads the last 300 characters (the longest MATH-500 answer has 159)."""
+ANSWER = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
+
+_SUBSTITUTIONS = (("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), (r"\ ", ""), (" ", ""), ("mbox", "text"),
+                  (",\\text{and}", ","), ("\\text{and}", ","), ("\\text{m}", "\\text{}"))  # fmt: skip
+_REMOVED = ("square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units", "\\ldots", "sue",
+            "points", "feet", "minutes", "digits", "cents", "degrees", "cm", "gm", "pounds", "meters", "meals",
+            "edges", "students", "childrentickets", "multiples", "\\text{s}", "\\text{.}", "\\text{\ns}",
+            "\\text{}^2", "\\text{}^3", "\\text{\n}", "\\text{}", r"\mathrm{th}", r"^\circ", r"^{\circ}", r"\;",
+            r",\!", "{,}", '"', "\\dots")  # fmt: skip
+"""The Minerva normalisation's substitutions and removed words, in verl's order (the order matters:
+`"an "` goes before `"a "`, `" "` before the word list)."""
+_UNWRAP = tuple(re.compile(p) for p in (r"(\\text\{)(.*?)(\})", r"(\\textbf\{)(.*?)(\})", r"(\\overline\{)(.*?)(\})",
+                                        r"(\\boxed\{)(.*)(\})"))  # fmt: skip
+
+
+def normalize_final_answer(answer: str) -> str:
+    """The Minerva normalisation of a final answer, as verl's `math_dapo.normalize_final_answer`."""
+    answer = answer.split("=")[-1]
+    for old, new in _SUBSTITUTIONS:
+        answer = answer.replace(old, new)
+    for word in _REMOVED:
+        answer = answer.replace(word, "")
+    answer = re.sub(r"(.*?)(\$)(.*?)(\$)(.*)", "$\\3$", answer)  # keep the first $...$ only
+    for wrapper in _UNWRAP:
+        answer = wrapper.sub("\\2", answer)
+    answer = re.sub(r"(frac)([^{])(.)", "frac{\\2}{\\3}", answer)
+    answer = re.sub(r"(sqrt)([^{])", "sqrt{\\2}", answer)
+    answer = answer.replace("$", "")
+    if answer.replace(",", "").isdigit():
+        answer = answer.replace(",", "")
+    return answer.strip()
+
+
+def extract_answer(solution_str: str) -> str:
+    """The normalised last `Answer:` of the response's last 300 characters (`[INVALID]` normalised if none)."""
+    found = ANSWER.findall(solution_str[-TAIL_CHARS:])
+    return normalize_final_answer(found[-1] if found else "[INVALID]")
+
+
+def compute_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
+) -> dict[str, Any]:
+    """verl-signature DAPO reward: {"score": 1.0 | -1.0, "acc": bool, "pred": str}."""
+    pred = extract_answer(solution_str)
+    correct = pred == normalize_final_answer(str(ground_truth))
+    return {"score": 1.0 if correct else -1.0, "acc": correct, "pred": pred}
