@@ -7,8 +7,9 @@ answer is the last match of `Answer\\s*:\\s*(...)` (case-insensitive, to the end
 Minerva rules: the part after the last `=`, words and units removed, `\\text{}` / `\\boxed{}` unwrapped,
 `\\fracab` -> `\\frac{a}{b}`, thousands commas dropped from integers) and compared as strings. The result
 is a dict: `score` 1.0 or -1.0, `acc` (logged as `reward/acc`) and `pred` (the normalised answer, text:
-not logged). A boxed answer without an `Answer:` line scores -1, as in verl (the DAPO prompt asks for
-"Answer: $Answer"). verl's optional strict-box mode is not the default and is not built.
+not logged). Without an `Answer:` line, verl 0.9 falls back to the last `\\boxed{...}` of the last 100
+characters, compared with the ground truth as written (no normalisation: `\\boxed{42}` is right for
+"42", `\\boxed{42.0}` is not). verl's optional strict-box mode is not the default and is not built.
 """
 
 from __future__ import annotations
@@ -16,8 +17,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from rlcore.rewards.math_reward import closing_brace
+
 TAIL_CHARS = 300
 """verl reads the last 300 characters (the longest MATH-500 answer has 159)."""
+BOX_TAIL_CHARS = 100
+"""Without an `Answer:` line, verl 0.9 looks for a box in the last 100 of those characters."""
 ANSWER = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
 
 _SUBSTITUTIONS = (("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), (r"\ ", ""), (" ", ""), ("mbox", "text"),
@@ -51,16 +56,30 @@ def normalize_final_answer(answer: str) -> str:
     return answer.strip()
 
 
-def extract_answer(solution_str: str) -> str:
-    """The normalised last `Answer:` of the response's last 300 characters (`[INVALID]` normalised if none)."""
-    found = ANSWER.findall(solution_str[-TAIL_CHARS:])
-    return normalize_final_answer(found[-1] if found else "[INVALID]")
+def _last_box_content(text: str) -> str | None:
+    """The content of the last `\\boxed{...}` (braces balanced) of `text`, None if there is none."""
+    start = text.rfind("\\boxed{")
+    end = closing_brace(text, start) if start >= 0 else None
+    return None if end is None else text[start + len("\\boxed{") : end]
+
+
+def judge(solution_str: str, ground_truth: str) -> tuple[bool, str]:
+    """(correct, prediction) by verl 0.9's rule: the Minerva `Answer:` when there is one, else the last
+    box of the last 100 characters compared as written."""
+    tail = solution_str[-TAIL_CHARS:]
+    found = ANSWER.findall(tail)
+    pred = normalize_final_answer(found[-1] if found else "[INVALID]")
+    if pred != "[INVALID]":
+        return pred == normalize_final_answer(ground_truth), pred
+    boxed = _last_box_content(tail[-BOX_TAIL_CHARS:])
+    if boxed is not None:
+        return boxed == ground_truth, boxed
+    return False, pred
 
 
 def compute_score(
     data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
 ) -> dict[str, Any]:
     """verl-signature DAPO reward: {"score": 1.0 | -1.0, "acc": bool, "pred": str}."""
-    pred = extract_answer(solution_str)
-    correct = pred == normalize_final_answer(str(ground_truth))
+    correct, pred = judge(solution_str, str(ground_truth))
     return {"score": 1.0 if correct else -1.0, "acc": correct, "pred": pred}

@@ -29,11 +29,17 @@ def last_boxed(text: str) -> str | None:
         start = text.rfind("\\fbox")
     if start < 0:
         return None
+    end = closing_brace(text, start)
+    return None if end is None else text[start : end + 1]
+
+
+def closing_brace(text: str, start: int) -> int | None:
+    """The index of the `}` that brings the brace depth counted from `start` back to 0 (verl's scan)."""
     depth = 0
     for i in range(start, len(text)):
         depth += {"{": 1, "}": -1}.get(text[i], 0)
         if text[i] == "}" and depth == 0:
-            return text[start : i + 1]
+            return i
     return None
 
 

@@ -1,7 +1,7 @@
-"""verl's reward rules, data source by data source (issue 22): hand-written responses whose verl 0.9
+"""verl's reward rules, data source by data source (issue 22): hand-written responses whose verl 0.9.1
 scores were derived by reading verl's `math_reward.py`, `math_dapo.py` and `search_r1_like_qa_em.py`
-rule by rule (the derivation is in each case's comment). verl itself is not installed here (it pulls
-Ray, vLLM pins and more); these cases are the contract."""
+rule by rule (the derivation is in each case's comment); `test_verl_own_functions.py` runs verl's
+own functions on them too."""
 
 from __future__ import annotations
 
@@ -65,7 +65,9 @@ DAPO_CASES = [
     ("Answer: 5 units", "5", 1.0),
     ("Answer: 3\nno wait\nAnswer: 4", "4", 1.0),  # the last one
     ("Answer: 3\nno wait\nAnswer: 4", "3", -1.0),
-    ("so the result is \\boxed{42}", "42", -1.0),  # boxed without "Answer:": -1 in verl
+    ("so the result is \\boxed{42}", "42", 1.0),  # no "Answer:": the last box, compared as written
+    ("so the result is \\boxed{42.0}", "42", -1.0),  # ... without normalisation
+    ("\\boxed{42} and then " + "more words " * 10, "42", -1.0),  # the box is not in the last 100 characters
     ("Answer: 42\n" + "checking " * 40, "42", -1.0),  # the answer is outside the last 300 characters
     ("Answer: 42\n" + "checking " * 30, "42", 1.0),  # 281 characters: inside
     ("Answer: 0.5", "\\frac{1}{2}", -1.0),  # no numeric equivalence in this rule
