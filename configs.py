@@ -292,6 +292,11 @@ class TrainerConfig:
     line naming the rank that stalled; 0 turns it off."""
     profile_steps: str = ""
     """A:B writes a torch.profiler Chrome trace of steps A to B per rank to out_dir/profile/ ("": off)."""
+    preempt_grace_s: float = 300.0
+    """SIGTERM / SIGUSR1 (a scheduler's notice before the kill): the step in progress finishes, its
+    checkpoint is written and the run exits 143 (resume with --resume auto); a step still running this
+    many seconds after the signal is abandoned (exit 143 at once, the newest checkpoint intact).
+    Colocated placement; under split placement the roles stop at once."""
     tp: int = 1
     """Tensor parallelism (torchrun, colocate): each decoder layer's attention heads and MLP columns split
     over this many neighbouring ranks (Llama family: llama, mistral, qwen2, qwen3), composed with FSDP2
@@ -555,6 +560,10 @@ def _check_observability(cfg: Config) -> None:
     t = cfg.trainer
     _need(
         t.hang_timeout_s >= 0, f"--trainer.hang-timeout-s {t.hang_timeout_s}: must be >= 0 (0: no watchdog)"
+    )
+    _need(
+        t.preempt_grace_s > 0 and math.isfinite(t.preempt_grace_s),
+        f"--trainer.preempt-grace-s {t.preempt_grace_s}: must be a number of seconds > 0",
     )
     _need(cfg.log.samples >= 0, f"--log.samples {cfg.log.samples}: must be >= 0 (0: no samples.jsonl)")
     try:

@@ -52,7 +52,7 @@ def long_tailed_model(out: Path, *, eos_logit: float = 6.5, seed: int = 0) -> Pa
 
     _, tokenizer = load_policy("builtin:tiny", dtype=torch.float32, seed=seed)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512,
+                         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024,
                          tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
     torch.manual_seed(seed)

@@ -38,7 +38,7 @@ def llama_31m(directory: Path) -> Path:
 
     tokenizer = build_char_tokenizer()
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=512, intermediate_size=1536, num_hidden_layers=10,
-                         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512,
+                         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024,
                          tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
     torch.manual_seed(0)

@@ -107,9 +107,8 @@ class RewardScorer:
         self.num_workers, self.timeout_s, self.start_timeout_s = num_workers, timeout_s, start_timeout_s
         self.failure_score, self.max_error_rate = failure_score, max_error_rate
         self._sources = tuple(sorted(set(data_sources)))
-        self._fn = resolve_reward_fn(
-            self._sources, custom, math_verifier
-        )  # raises here, at start-up, if unusable
+        # raises here, at start-up, if unusable
+        self._fn = resolve_reward_fn(self._sources, custom, math_verifier)
         self._math_verifier = math_verifier
         self._custom = None if custom is None else ":".join(map(str, split_spec(custom)))  # absolute path
         self._logged_error = self._logged_timeout = False
@@ -249,6 +248,15 @@ class RewardScorer:
         result = Scores(scores=scores, extras=extras, status=status)
         first_error = next((i for i, o in enumerate(outcomes) if o[0] == "error"), None)
         first_timeout = next((i for i, o in enumerate(outcomes) if o[0] == "timeout"), None)
+        failed = result.errors + result.timeouts  # past the rate: one line, no traceback logged
+        if outcomes and failed > self.max_error_rate * len(outcomes):
+            first = _last_line(outcomes[first_error][1]) if first_error is not None else "timeouts only"
+            raise RewardError(
+                f"the reward failed on {failed} of {len(outcomes)} samples in this step ({result.errors} raised, "
+                f"{result.timeouts} timed out after {self.timeout_s} s), more than max_error_rate="
+                f"{self.max_error_rate}; first error: {first}. Fix the reward function, or raise "
+                "--reward.max-error-rate / --reward.timeout-s"
+            )
         if first_error is not None and not self._logged_error:
             self._logged_error = True
             logger.error(
@@ -266,15 +274,6 @@ class RewardScorer:
                 self.timeout_s,
                 data_sources[first_timeout],
                 self.failure_score,
-            )
-        failed = result.errors + result.timeouts
-        if outcomes and failed > self.max_error_rate * len(outcomes):
-            first = _last_line(outcomes[first_error][1]) if first_error is not None else "timeouts only"
-            raise RewardError(
-                f"the reward failed on {failed} of {len(outcomes)} samples in this step ({result.errors} raised, "
-                f"{result.timeouts} timed out after {self.timeout_s} s), more than max_error_rate="
-                f"{self.max_error_rate}; first error: {first}. Fix the reward function, or raise "
-                "--reward.max-error-rate / --reward.timeout-s"
             )
         return result
 

@@ -98,7 +98,7 @@ def save(state: TrainState, h: Any) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
         raise StopRun(
             f"cannot write checkpoint {root / f'step_{step}'} ({reason(e)}; {_free_space(root)}). "
-            f"The previous checkpoint ({_newest(root)}) is intact: free disk space or make {root} writable "
+            f"The previous checkpoint ({newest(root)}) is intact: free disk space or make {root} writable "
             "(or use another --out-dir), then rerun with --resume auto"
         ) from None
     if h.placement.writes:
@@ -265,7 +265,13 @@ def _free_space(root: Path) -> str:
     return f"{shutil.disk_usage(where).free / 2**20:.0f} MB free on that disk"
 
 
-def _newest(root: Path) -> str:
+def discard_partial(root: Path) -> None:
+    """Remove what a save stopped midway left (`step_<N>.tmp`, the critic's too): never a checkpoint."""
+    for tmp in [*root.glob("step_*.tmp"), *root.glob("critic/step_*.tmp")]:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def newest(root: Path) -> str:
     from rlcore.dist.checkpoint import latest_checkpoint
 
     newest = latest_checkpoint(root)

@@ -161,6 +161,25 @@ def check_mesh(cfg: Config) -> None:
         )
 
 
+def check_context(cfg: Config) -> None:
+    """Refuse, before any weights load, prompts plus responses longer than the model's positions
+    (`max_position_embeddings`): the policy would train on positions it never saw. The agent loop's
+    --rollout.max-tokens budget holds every turn and observation, so the bound is the same."""
+    try:
+        config = _model_config(cfg.model.path)
+    except ConfigError:  # an unreadable model: loading it reports that, with its own message
+        return
+    limit = getattr(config, "max_position_embeddings", None)
+    d, r = cfg.data, cfg.rollout
+    total = d.max_prompt_length + r.max_tokens
+    if isinstance(limit, int) and total > limit:
+        raise ConfigError(
+            f"--data.max-prompt-length {d.max_prompt_length} + --rollout.max-tokens {r.max_tokens} = {total} tokens, "
+            f"beyond the {limit} positions of --model.path {cfg.model.path} (max_position_embeddings); lower "
+            f"--rollout.max-tokens or --data.max-prompt-length so that they sum to at most {limit}"
+        )
+
+
 def _model_config(path: str) -> Any:
     """The Hugging Face config of --model.path (a built-in model's from its spec), without weights."""
     from transformers import AutoConfig, LlamaConfig
@@ -173,7 +192,8 @@ def _model_config(path: str) -> Any:
         except ValueError as e:
             raise ConfigError(f"--model.path: {e}") from None
         return LlamaConfig(hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
-                           num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads)  # fmt: skip
+                           num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
+                           max_position_embeddings=spec.max_positions)  # fmt: skip
     try:
         return AutoConfig.from_pretrained(_directory(path))
     except (OSError, ValueError) as e:

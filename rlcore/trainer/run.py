@@ -31,17 +31,25 @@ from rlcore.dist.placement import Placement, as_world, place
 from rlcore.dist.reduce import all_reduce_int, reduce_metrics
 from rlcore.rewards.custom import RewardSpecError
 from rlcore.rewards.dispatch import find_reward
-from rlcore.rewards.pool import RewardScorer
+from rlcore.rewards.pool import RewardError, RewardScorer
 from rlcore.rollout.env import EnvSpecError
 from rlcore.state import Rollout, TrainState
-from rlcore.trainer import agents, checkpoints, faults, models, split
+from rlcore.trainer import agents, checkpoints, faults, models, signals, split
 from rlcore.trainer.algorithm import actor_plan, build_algorithm
 from rlcore.trainer.collect import fill, staleness, step_seed, this_rank
 from rlcore.trainer.errors import StopRun, reason
 from rlcore.trainer.health import check_health
 from rlcore.trainer.learn import TrainingDiverged, algorithm_needs_ref, check_bad_updates, learn
 from rlcore.trainer.logger import MetricsLogger, gpu_free_mb, read_metrics
-from rlcore.trainer.phases import StepProfiler, Watchdog, at_step, phase, profile_steps, watching
+from rlcore.trainer.phases import (
+    StepProfiler,
+    Watchdog,
+    at_step,
+    current_step,
+    phase,
+    profile_steps,
+    watching,
+)
 from rlcore.trainer.plots import plot_curves
 from rlcore.trainer.samples import SampleWriter
 from rlcore.trainer.sft import sft_batch
@@ -89,15 +97,39 @@ def run(cfg: Config) -> int:
         print(f"error: {e}", file=sys.stderr)
         close_distributed()
         return 2
+    except KeyboardInterrupt:
+        print("interrupted while starting; nothing was trained", file=sys.stderr)
+        close_distributed()
+        return signals.EXIT_INTERRUPTED
+    checkpoint_dir = h.out_dir / "checkpoints"
     try:
-        state = loop(state, h, algorithm)
+        with signals.handling(grace_s=cfg.trainer.preempt_grace_s, newest=lambda: checkpoints.newest(checkpoint_dir),
+                              at_once=h.placement.split):  # fmt: skip
+            state = loop(state, h, algorithm)
         faults.dump_state(state, h)  # test-only (RLCORE_TEST_DUMP_STATE)
     except StopRun as e:  # disk trouble, an unusable checkpoint: the user's to fix
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
+    except RewardError as e:  # the step stops before the update that would have used the scores
+        print(f"error: step {current_step()}: {e}", file=sys.stderr, flush=True)
+        return 2
     except TrainingDiverged as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
+    except signals.Preempted as e:
+        print(str(e), file=sys.stderr, flush=True)
+        return signals.EXIT_PREEMPTED
+    except signals.Terminated as e:
+        print(f"{e} at step {current_step()} (split placement stops at once); the newest checkpoint is "
+              f"{checkpoints.newest(checkpoint_dir)}; continue with --resume auto", file=sys.stderr, flush=True)  # fmt: skip
+        return signals.EXIT_PREEMPTED
+    except KeyboardInterrupt:
+        signals.exit_at_once_on_sigint()
+        if h.placement.writes:
+            checkpoints.discard_partial(checkpoint_dir)
+        print(f"interrupted at step {current_step()}; the newest checkpoint is {checkpoints.newest(checkpoint_dir)}; "
+              "continue with --resume auto", file=sys.stderr, flush=True)  # fmt: skip
+        return signals.EXIT_INTERRUPTED
     finally:
         if h.scorer is not None:
             h.scorer.close()
@@ -119,6 +151,7 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm]:
     validate(cfg, world_size=info.world_size)
     models.check_engine(cfg, info)
     models.check_mesh(cfg)
+    models.check_context(cfg)
     agent_files = agents.load_agent_files(cfg)  # a bad env / tools file stops here, before any model loads
     p = cfg.pipeline
     placement = place(info, split=p.placement == "split", rollout_ranks=p.rollout_ranks, tp=cfg.trainer.tp,
@@ -265,13 +298,25 @@ def _train_loop(state: TrainState, h: Handles, algorithm: Algorithm) -> TrainSta
                 metrics |= _validation(h, step)
         profiler.after(step)
         h.logger.log(step, metrics)
-        if checkpoints.save_due(cfg, step):
+        saved = checkpoints.save_due(cfg, step)
+        if saved:
             with phase("checkpoint"):
                 checkpoints.save(state, h)
+        if not h.placement.split and signals.preempt_requested():  # every rank alike: a reduced flag
+            _preempted(state, h, saved=saved)
     if h.outbox is not None:  # stream mode: the rollout ranks take the last pushes
         h.outbox.flush()
     _finish(state, h)
     return state
+
+
+def _preempted(state: TrainState, h: Handles, *, saved: bool) -> None:
+    """A preemption signal reached some rank: the finished step's checkpoint (unless just written), then
+    `Preempted` (exit 143)."""
+    if not saved:
+        with phase("checkpoint"):
+            checkpoints.save(state, h)
+    raise signals.Preempted(state.step, h.out_dir / "checkpoints" / f"step_{state.step}")
 
 
 def train_step(state: TrainState, h: Handles, algorithm: Algorithm) -> tuple[TrainState, dict[str, float]]:

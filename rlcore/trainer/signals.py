@@ -1,0 +1,102 @@
+"""Ctrl-C and preemption: what SIGINT, SIGTERM and SIGUSR1 do to a run.
+
+    with handling(grace_s=60.0):           # train.py's run: handlers installed, the old ones restored after
+        ...
+        if preempt_requested(group):       # after each step, on every rank alike (a reduced decision)
+            save the finished step, raise Preempted
+
+SIGINT (Ctrl-C) keeps Python's KeyboardInterrupt: the phase in progress stops where it is, `run` prints
+one line naming the newest checkpoint and exits 130; a second Ctrl-C while it closes exits at once.
+SIGTERM and SIGUSR1 (what SLURM, Kubernetes and spot instances send before the kill) only raise a
+flag: the step in progress finishes, every rank learns that some rank was signalled (one all-reduce
+per step), the finished step is checkpointed and the run exits 143. A step still running
+`grace_s` after the signal is abandoned: the process exits 143 at once, the newest checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+EXIT_PREEMPTED = 143  # 128 + SIGTERM
+
+
+class Preempted(Exception):
+    """The run stopped for a preemption signal after checkpointing step `step` at `path`."""
+
+    def __init__(self, step: int, path: Any) -> None:
+        super().__init__(f"preempted: wrote checkpoint {path} (step {step}); continue with --resume auto")
+        self.step, self.path = step, path
+
+
+class Terminated(Exception):
+    """A preemption signal under split placement, whose roles do not meet after each step: stop now."""
+
+
+_SIGNALLED: list[float] = []  # monotonic time of the first preemption signal this process received
+
+
+def _on_preempt(signum: int, frame: Any, grace_s: float, newest: Any, at_once: bool) -> None:
+    if at_once:
+        raise Terminated(signal.Signals(signum).name)
+    if _SIGNALLED:
+        return
+    _SIGNALLED.append(time.monotonic())
+    print(f"{signal.Signals(signum).name}: finishing the step in progress, then checkpointing", file=sys.stderr,
+          flush=True)  # fmt: skip
+    threading.Thread(target=_abandon_after, args=(grace_s, newest), daemon=True).start()
+
+
+def _abandon_after(grace_s: float, newest: Any) -> None:
+    time.sleep(grace_s)
+    print(f"preempted: the step in progress ran past --trainer.preempt-grace-s {grace_s:g}; abandoned it, the "
+          f"newest checkpoint is {newest() or 'none'}; continue with --resume auto", file=sys.stderr, flush=True)  # fmt: skip
+    os._exit(EXIT_PREEMPTED)
+
+
+@contextlib.contextmanager
+def handling(*, grace_s: float, newest: Any, at_once: bool = False) -> Iterator[None]:
+    """SIGTERM / SIGUSR1 raise the preemption flag within the block (main thread only; elsewhere no-op),
+    or with `at_once` raise `Terminated` where the main thread is. `newest()` names the newest
+    checkpoint for the line printed when the grace period runs out."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in PREEMPT_SIGNALS}
+    for s in PREEMPT_SIGNALS:
+        signal.signal(s, lambda signum, frame: _on_preempt(signum, frame, grace_s, newest, at_once))
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        _SIGNALLED.clear()
+
+
+def preempt_requested(group: Any = None) -> bool:
+    """Whether any rank (of `group`, default the world) received a preemption signal: a collective
+    every rank calls at the same point of each step, so they all stop after the same step."""
+    flag = 1 if _SIGNALLED else 0
+    if not torch.distributed.is_initialized():
+        return bool(flag)
+    backend = torch.distributed.get_backend(group)
+    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    value = torch.tensor([flag], device=device)
+    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX, group=group)
+    return bool(value.item())
+
+
+def exit_at_once_on_sigint() -> None:
+    """A second Ctrl-C while the run closes (engines, reward workers) exits immediately."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, lambda signum, frame: os._exit(EXIT_INTERRUPTED))
