@@ -22,11 +22,11 @@ ROOT = Path(__file__).resolve().parents[2]
 ENV = {"OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"}
 
 
-def _start(args: list[str], out: Path, *, nproc: int = 1) -> subprocess.Popen:
+def _start(args: list[str], out: Path, *, nproc: int = 1, env: dict | None = None) -> subprocess.Popen:
     launcher = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                                     "--nproc_per_node", str(nproc)]  # fmt: skip
     return subprocess.Popen([*launcher, str(ROOT / "train.py"), *args, "--out-dir", str(out)], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ | ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ | ENV | (env or {}),
                             start_new_session=True)  # fmt: skip
 
 
@@ -51,11 +51,14 @@ def _finish(proc: subprocess.Popen, timeout: float = 180) -> str:
 
 
 def test_ctrl_c_stops_the_run_with_one_line(tmp_path):
-    proc = _start([*RUN[:-4], "--trainer.steps", "40", "--trainer.save-every", "2", "--trainer.val-every", "0"],
-                  tmp_path)  # fmt: skip
+    args = [*RUN[:-4], "--trainer.steps", "40", "--trainer.save-every", "2", "--trainer.val-every", "0"]
+    proc = _start([*args, "--reward.num-workers", "2"], tmp_path)
     _wait_for_step(proc, tmp_path, 3)
+    workers = psutil.Process(proc.pid).children(recursive=True)  # the reward workers (and their fork server)
+    assert workers
     proc.send_signal(signal.SIGINT)
     err = _finish(proc)
+    assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]  # closed
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     lines = [line for line in err.splitlines() if line.startswith("interrupted")]
@@ -106,3 +109,23 @@ def test_sigterm_to_one_of_two_ranks_stops_both_after_the_same_step(tmp_path):
     step = int(re.search(r"\(step (\d+)\)", lines[0]).group(1))
     assert latest_checkpoint(tmp_path / "checkpoints") == tmp_path / "checkpoints" / f"step_{step}"
     assert read_metrics(tmp_path / "metrics.jsonl")[-1]["step"] == step
+
+
+def test_a_step_running_past_the_grace_period_is_abandoned(tmp_path):
+    """Each rollout sleeps 30 s (injected): the step in progress cannot finish within a 2 s grace."""
+    args = [*RUN[:-4], "--trainer.steps", "3", "--trainer.save-every", "1", "--trainer.val-every", "0",
+            "--trainer.preempt-grace-s", "2"]  # fmt: skip
+    proc = _start(args, tmp_path, env={"RLCORE_TEST_SLOW_ROLLOUT_S": "30"})
+    _wait_for_step(proc, tmp_path, 1, timeout=240)
+    while latest_checkpoint(tmp_path / "checkpoints") is None:  # step 1 saved: step 2's rollout is asleep
+        time.sleep(0.05)
+    time.sleep(1.0)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    err = _finish(proc)
+    assert proc.returncode == 143 and time.monotonic() - started < 20, err[-3000:]
+    assert err.splitlines()[-1] == (
+        "preempted: the step in progress ran past --trainer.preempt-grace-s 2; abandoned it, the newest "
+        "checkpoint is step_1; continue with --resume auto"
+    ), err[-3000:]
+    assert latest_checkpoint(tmp_path / "checkpoints") == tmp_path / "checkpoints" / "step_1"
