@@ -29,15 +29,32 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
+    PrepareModuleInput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
 )
 
+
+def _shared_input(**kwarg: Any) -> ParallelStyle:
+    """The block's input made one replicated DTensor before its column-wise projections read it: their
+    input gradients then sum locally and meet in one all-reduce per block, not one per projection."""
+    if kwarg:
+        return PrepareModuleInput(
+            input_kwarg_layouts=kwarg, desired_input_kwarg_layouts=kwarg, use_local_output=False
+        )
+    return PrepareModuleInput(
+        input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),), use_local_output=False
+    )
+
+
 LLAMA_LAYER_PLAN: dict[str, Callable[[], ParallelStyle]] = {
+    "self_attn": functools.partial(_shared_input, hidden_states=Replicate()),  # called with hidden_states=
+    "mlp": _shared_input,
     "self_attn.q_proj": ColwiseParallel,
     "self_attn.k_proj": ColwiseParallel,
     "self_attn.v_proj": ColwiseParallel,
@@ -201,7 +218,9 @@ class _VocabParallelEntropy(torch.autograd.Function):
         return grad.reshape(logits.shape), None, None
 
 
-def vocab_parallel_logprobs(logits: Tensor, labels: Tensor, group: Any, *, temperature: float = 1.0) -> Tensor:
+def vocab_parallel_logprobs(
+    logits: Tensor, labels: Tensor, group: Any, *, temperature: float = 1.0
+) -> Tensor:
     """`rlcore.pure.token_logprobs` of logits whose last dim is this rank's vocabulary shard: (...) float32."""
     return _VocabParallelLogprobs.apply(logits, labels, temperature, group)
 

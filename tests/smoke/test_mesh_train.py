@@ -114,11 +114,8 @@ def _chunks(checkpoint: Path, key: str) -> list[tuple[int, ...]]:
 def test_a_mesh_that_does_not_fit_the_world_names_its_factors(tmp_path):
     proc = torchrun(*ARGS, "--trainer.tp", "4", "--out-dir", str(tmp_path), timeout=120)
     assert proc.returncode != 0
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert errors == 2 * [
-        "error: --trainer.tp 4: dp_shard(0) * tp(4) != world size (2): every factor must be >= 1 and their "
-        "product must divide the number of processes"
-    ], proc.stderr[-2000:]
-    assert not re.search(r'File ".*(rlcore|train\.py)', proc.stderr), proc.stderr[
-        -3000:
-    ]  # torchrun's own only
+    expected = ("error: --trainer.tp 4: dp_shard(0) * tp(4) != world size (2): every factor must be >= 1 and "
+                "their product must divide the number of processes")  # fmt: skip
+    assert expected in proc.stderr, proc.stderr[-2000:]  # each rank says it; their writes may interleave
+    ours = re.search(r'File ".*(rlcore|train\.py)', proc.stderr)  # torchrun's own traceback only
+    assert not ours, proc.stderr[-3000:]
