@@ -138,8 +138,10 @@ class RewardConfig:
     """How the built-in table checks math answers. verl: verl's rules per data_source, so a verl
     recipe's curves are comparable — the MATH sets score the last \\boxed{} after string normalisation
     (1 / 0; an unboxed answer scores 0), math_dapo / math / aime* the last "Answer:" line after the
-    Minerva normalisation (1 / -1). math-verify: every math data_source by symbolic equivalence of any
-    final answer, boxed or not (1 / 0; needs pip install math-verify)."""
+    Minerva normalisation (1 / -1), numina_* PRIME's answer after "answer:" / the last box / the last
+    "=" by the PRM800K grader and numeric rules (1 / 0; unboxed counts). math-verify: every math
+    data_source (not geometry3k, whose reward also scores the format) by symbolic equivalence of any
+    final answer, boxed or not (1 / 0)."""
 
 
 @dataclass(frozen=True, kw_only=True)

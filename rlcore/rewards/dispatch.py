@@ -8,16 +8,17 @@ Every data_source that verl's `default_compute_score` scores without a server, w
 | `openai/gsm8k`                                                  | `gsm8k`: strict `#### n`; 1 / 0     |
 | `lighteval/MATH`, `DigitalLearningGmbH/MATH-lighteval`, `HuggingFaceH4/MATH-500` | `math_reward`: last `\\boxed{}`, Hendrycks normalisation; 1 / 0 |
 | `math_dapo`, `math`, `math_dapo_reasoning`, `aime*` (any prefix `aime`) | `math_dapo`: last `Answer:` line, Minerva normalisation; 1 / -1, `acc` |
+| `numina_aops_forum`, `_synthetic_math`, `_amc_aime`, `_synthetic_amc`, `_cn_k12`, `_olympiads` | `prime_math`: answer after `answer:` / last box / last `=`, PRM800K grader + PRIME's numeric rules; 1 / 0 |
+| `hiyouga/geometry3k`                                            | `geo3k`: last `\\boxed{}`, PRM800K grader (mathruler); 0.9 correct + 0.1 `<think>` format |
 | `searchR1_nq`, `_triviaqa`, `_popqa`, `_hotpotqa`, `_2wikimultihopqa`, `_musique`, `_bamboogle` | `qa_em`: last `<answer>`, exact match; 1 / 0 |
 | `code`, `codecontests`, `apps`, `codeforces`, `taco`            | `code`: tests in our sandbox; fraction passed |
 | `countdown`                                                     | `countdown` (TinyZero; 1 / 0.1 / 0) |
 | `builtin/<task>` for every task of `rlcore.data.tasks`          | `rlcore.data.tasks.compute_score`   |
 | `builtin/calc` (multi-turn, `rlcore.data.agent_tasks`)          | `agent_tasks.compute_score`         |
 
-`--reward.math-verifier math-verify` scores the MATH and DAPO / AIME rows with math-verify instead
-(`math_answer`: symbolic equivalence, any final answer, boxed or not; 1 / 0). Not built: verl's
-`numina_*` (`prime_math`, sympy grading) and `hiyouga/geometry3k` (mathruler); they are refused at
-start-up like any unknown data_source. `--reward.custom file.py:fn` replaces the table for every
+`--reward.math-verifier math-verify` scores the MATH, DAPO / AIME and `numina_*` rows with math-verify
+instead (`math_answer`: symbolic equivalence, any final answer, boxed or not; 1 / 0); geometry3k keeps
+its own reward (it also scores the format). `--reward.custom file.py:fn` replaces the table for every
 data_source, as verl's `custom_reward_function` does. `resolve_reward_fn` runs at start-up, so an
 unknown data_source fails before the first rollout, not at step 500.
 """
@@ -25,11 +26,23 @@ unknown data_source fails before the first rollout, not at step 500.
 from __future__ import annotations
 
 import functools
+import importlib.util
 from collections.abc import Iterable
 from typing import Any
 
 from rlcore.data import agent_tasks, tasks
-from rlcore.rewards import code, countdown, gsm8k, math_answer, math_dapo, math_reward, qa_em, sandbox
+from rlcore.rewards import (
+    code,
+    countdown,
+    geo3k,
+    gsm8k,
+    math_answer,
+    math_dapo,
+    math_reward,
+    prime_math,
+    qa_em,
+    sandbox,
+)
 from rlcore.rewards.custom import FLAG, RewardFn, RewardSpecError, load_custom
 
 MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
@@ -42,6 +55,8 @@ REWARD_FNS: dict[str, RewardFn] = {
     "openai/gsm8k": gsm8k.compute_score,
     **dict.fromkeys(MATH_SOURCES, math_reward.compute_score),
     **dict.fromkeys(DAPO_SOURCES, math_dapo.compute_score),
+    **dict.fromkeys(prime_math.DATA_SOURCES, prime_math.compute_score),
+    "hiyouga/geometry3k": geo3k.compute_score,
     **dict.fromkeys(SEARCH_R1_SOURCES, qa_em.compute_score),
     "countdown": countdown.compute_score,
     **dict.fromkeys(CODE_SOURCES, code.compute_score),
@@ -55,7 +70,7 @@ REWARD_PREFIXES: dict[str, RewardFn] = {"aime": math_dapo.compute_score}
 
 MATH_VERIFIERS = ("verl", "math-verify")
 """--reward.math-verifier: verl's rules per data_source, or math-verify for every math one."""
-_VERL_MATH = (math_reward.compute_score, math_dapo.compute_score)
+_VERL_MATH = (math_reward.compute_score, math_dapo.compute_score, prime_math.compute_score)
 
 
 def find_reward(data_source: str, math_verifier: str = "verl") -> RewardFn | None:
@@ -121,6 +136,13 @@ def resolve_reward_fn(
         raise RewardSpecError(
             f"data_source {sorted(sources & set(CODE_SOURCES))} runs code, but the sandbox is unavailable: "
             "apt-get install -y bubblewrap (and allow user namespaces)"
+        )
+    latex = sorted(
+        s for s in sources if find_reward(s, math_verifier) in (prime_math.compute_score, geo3k.compute_score)
+    )
+    if latex and importlib.util.find_spec("pylatexenc") is None:
+        raise RewardSpecError(
+            f"data_source {latex} grades LaTeX answers with pylatexenc: pip install pylatexenc"
         )
     verified = sorted(s for s in sources if find_reward(s, math_verifier) is math_answer.compute_score)
     if verified:

@@ -24,13 +24,19 @@ def last_boxed(text: str) -> str | None:
     last `\\fbox{...}`; None if there is none."""
     if "\\boxed " in text:
         return "\\boxed " + text.split("\\boxed ")[-1].split("$")[0]
+    span = last_box_span(text)
+    return None if span is None else text[span[0] : span[1] + 1]
+
+
+def last_box_span(text: str) -> tuple[int, int] | None:
+    """(where, closing brace) of the last `\\boxed` (else `\\fbox`) whose braces close; None if none."""
     start = text.rfind("\\boxed")
     if start < 0:
         start = text.rfind("\\fbox")
     if start < 0:
         return None
     end = closing_brace(text, start)
-    return None if end is None else text[start : end + 1]
+    return None if end is None else (start, end)
 
 
 def closing_brace(text: str, start: int) -> int | None:
@@ -95,13 +101,20 @@ def _slash_fraction(s: str) -> str:
     return f"\\frac{{{a}}}{{{b}}}" if s == f"{a}/{b}" else s
 
 
-def normalize(s: str) -> str:
-    """verl's `strip_string` (see the module docstring); raises on the malformed cases it raises on."""
+VERL_PERCENT = ("\\\\%", "\\%")
+"""The percent marks `strip_string` drops: `\\\\%` then `\\%` (a bare `%` stays)."""
+
+
+def normalize(s: str, percent: tuple[str, ...] = VERL_PERCENT) -> str:
+    """verl's `strip_string` (see the module docstring); raises on the malformed cases it raises on.
+    `percent`: the marks dropped at the percent step (mathruler's copy drops `\\%` and then `%`)."""
     for old, new in (("\n", ""), ("\\!", ""), ("\\\\", "\\"), ("tfrac", "frac"), ("dfrac", "frac"),
                      ("\\left", ""), ("\\right", ""), ("^{\\circ}", ""), ("^\\circ", ""), ("\\$", "")):  # fmt: skip
         s = s.replace(old, new)
     s = _one_unit_cut(s)
-    s = s.replace("\\\\%", "").replace("\\%", "").replace(" .", " 0.").replace("{.", "{0.")
+    for mark in percent:
+        s = s.replace(mark, "")
+    s = s.replace(" .", " 0.").replace("{.", "{0.")
     if not s:
         return s
     if s[0] == ".":

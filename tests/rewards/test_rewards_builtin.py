@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rlcore.data.tasks import TASKS, generate_rows
-from rlcore.rewards import countdown, gsm8k, math_answer
+from rlcore.rewards import countdown, gsm8k, math_answer, prime_math
 from rlcore.rewards.dispatch import (
     CODE_SOURCES,
     DAPO_SOURCES,
@@ -165,6 +165,8 @@ def _examples() -> dict[str, tuple[str, str, object]]:
             SEARCH_R1_SOURCES, ("<answer>Paris</answer>", "<answer>Rome</answer>", {"target": ["Paris"]})
         )
     )
+    out.update(dict.fromkeys(prime_math.DATA_SOURCES, ("the answer is 1/2", "the answer is 2", "0.5")))
+    out["hiyouga/geometry3k"] = ("<think>x</think>\\boxed{30}", "\\boxed{40}", "30")
     out["countdown"] = ("<answer>3*8*1</answer>", "<answer>3+8+1</answer>", TRUTH)
     code_truth = {"inputs": ["3\n"], "outputs": ["6\n"]}  # double the input
     out.update(dict.fromkeys(CODE_SOURCES, ("print(2 * int(input()))", "print(int(input()))", code_truth)))
@@ -202,6 +204,8 @@ def test_table_covers_verl_names_and_every_builtin_task():
         *MATH_SOURCES,
         *DAPO_SOURCES,
         *SEARCH_R1_SOURCES,
+        *prime_math.DATA_SOURCES,
+        "hiyouga/geometry3k",
         *CODE_SOURCES,
         *(f"builtin/{t}" for t in GENERATORS),
     }

@@ -3,14 +3,17 @@
 verl is not installed (its dependencies would pin this environment): the README's set-up downloads its
 wheel (`pip download --no-deps verl==0.9.1 -d .venv/wheels`), and this test executes the four
 stdlib-only modules behind the data sources compared (`gsm8k.py`, `math_reward.py`, `math_dapo.py`,
-`search_r1_like_qa_em.py`) straight from it. Compared: the hand-written parity cases, and a few
-thousand responses assembled at random from the pieces model answers are made of (boxes, `Answer:`
-lines, fractions, units, signs, `$`, spaces, newlines), for every data_source family.
+`search_r1_like_qa_em.py`) straight from it, and imports `prime_math` and `geo3k.py` from the wheel's
+`verl/` unpacked (with its own `py_functional` time limits; sympy, pylatexenc and mathruler are
+installed). Compared: the hand-written parity cases, and a few thousand responses assembled at random
+from the pieces model answers are made of (boxes, `Answer:` lines, fractions, units, signs, `$`,
+spaces, newlines, `\\pi`, percentages, tuples, intervals), for every data_source family.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import os
 import random
@@ -22,7 +25,16 @@ from pathlib import Path
 import pytest
 
 from rlcore.rewards.dispatch import default_compute_score
-from tests.rewards.test_verl_parity import DAPO_CASES, MATH, MATH_CASES, SEARCH_CASES
+from tests.rewards.test_verl_parity import (
+    DAPO_CASES,
+    GEO,
+    GEO_CASES,
+    MATH,
+    MATH_CASES,
+    NUMINA,
+    NUMINA_CASES,
+    SEARCH_CASES,
+)
 
 WHEEL = Path(sys.prefix) / "wheels" / "verl-0.9.1-py3-none-any.whl"
 MODULES = ("gsm8k", "math_reward", "math_dapo", "search_r1_like_qa_em")
@@ -42,6 +54,30 @@ def verl() -> dict[str, types.ModuleType]:
             exec(compile(source, f"verl/utils/reward_score/{name}.py", "exec"), module.__dict__)
             out[name] = module
     return out
+
+
+@pytest.fixture(scope="module")
+def verl_package(tmp_path_factory, verl) -> dict[str, types.ModuleType]:
+    """verl's `prime_math` and `geo3k`, imported from the wheel's `verl/` (its top `__init__`s, which pull
+    in ray and omegaconf, replaced by empty packages)."""
+    pytest.importorskip("mathruler") if os.environ.get("RLCORE_REQUIRE_VERL") != "1" else None
+    root = tmp_path_factory.mktemp("verl")
+    with zipfile.ZipFile(WHEEL) as wheel:
+        wheel.extractall(root, [n for n in wheel.namelist() if n.startswith("verl/")])
+    saved = {name: sys.modules.get(name) for name in ("verl", "verl.utils")}
+    for name in saved:
+        package = types.ModuleType(name)
+        package.__path__ = [str(root / name.replace(".", "/"))]
+        sys.modules[name] = package
+    try:
+        yield {
+            name: importlib.import_module(f"verl.utils.reward_score.{name}")
+            for name in ("prime_math", "geo3k")
+        }
+    finally:
+        for name in [n for n in sys.modules if n == "verl" or n.startswith("verl.")]:
+            del sys.modules[name]
+        sys.modules.update({k: v for k, v in saved.items() if v is not None})
 
 
 def _quiet(fn, *args):
@@ -112,3 +148,45 @@ def test_search_r1_equals_verl_exact_match(verl):
     for response, truth in cases:
         want = float(_quiet(verl["search_r1_like_qa_em"].compute_score, response, truth))
         assert default_compute_score("searchR1_nq", response, truth) == want, (response, truth)
+
+
+MATH_VARIANTS = {
+    "6.28": ["2\\pi", "6.28", "2 \\pi", "\\pi \\cdot 2", "6.2832", "2\\pi r"],
+    "\\frac{\\pi}{2}": ["\\frac{\\pi}{2}", "\\pi/2", "1.5708", "\\dfrac{\\pi}2", "90^\\circ"],
+    "0.25": ["25\\%", "25%", "0.25", "\\frac14", "1/4", "2/8", "25 percent"],
+    "(1, 3]": ["(1, 3]", "(1,3]", "Interval.Lopen(1, 3)", "[1, 3]", "(1, 3)", "x \\in (1, 3]"],
+    "(2, -1)": ["(2, -1)", "(2,-1)", "Point(2, -1)", "x=2, y=-1", "2, -1", "[2, -1]"],
+    "x^2+1": ["x^2+1", "1+x^2", "x^{2}+1", "x**2 + 1", "(x+i)(x-i)", "x^2 + 1 = 0"],
+    "1010_2": ["1010_2", "10", "1010", "a_2"],
+    "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}": ["[1, 2]", "[[1], [2]]", "Matrix([[1], [2]])", "(1, 2)"],
+    "7\\frac{3}{4}": ["7 3/4", "7\\frac34", "31/4", "7.75", "\\frac{31}{4}"],
+    "5": ["5", "x = 5", "5.0", "5 cm", "five", "\\text{5}", "\\$5", "5 million", "-5"],
+}
+PRIME_WRAPPERS = ["The answer is %s", "x = %s", "%s is the answer.", "Answer: %s", "\\boxed{%s}", "so we get %s",
+                  "$\\boxed{%s}$. ", "<think>a</think> \\boxed{%s}", "%s", "therefore %s. So"]  # fmt: skip
+
+
+def _math_responses(count: int, seed: int) -> list[tuple[str, str]]:
+    """(response, truth): a wrapped form (equivalent, near or wrong) of a math answer amid noise."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        truth = rng.choice(list(MATH_VARIANTS))
+        answer = rng.choice(MATH_VARIANTS[truth])
+        noise = "".join(rng.choice(NOISE) for _ in range(rng.randint(0, 2)))
+        out.append((noise + rng.choice(PRIME_WRAPPERS) % answer, truth))
+    return out
+
+
+def test_numina_sources_equal_verl_prime_math(verl_package):
+    cases = [(r, t) for r, t, _ in NUMINA_CASES] + _math_responses(600, seed=6) + _responses(200, seed=7)
+    for response, truth in cases:
+        want = float(_quiet(verl_package["prime_math"].compute_score, response, truth)[0])
+        assert default_compute_score(NUMINA, response, truth) == want, (response, truth)
+
+
+def test_geometry3k_equals_verl_geo3k(verl_package):
+    cases = [(r, t) for r, t, _ in GEO_CASES] + _math_responses(600, seed=8) + _responses(200, seed=9)
+    for response, truth in cases:
+        want = _quiet(verl_package["geo3k"].compute_score, response, truth)
+        assert default_compute_score(GEO, response, truth) == want, (response, truth)
