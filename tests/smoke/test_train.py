@@ -178,7 +178,8 @@ def test_multi_turn_calc_task_trains_with_tool_results_masked(tmp_path):
 
 def test_dapo_runs_the_dapo_recipes_own_data(tmp_path):
     """Issue 22: rows of the DAPO recipe's data (data_source math_dapo, an "Answer:" instruction) and an
-    AIME validation set (aime2024) score with verl's math_dapo rule, 1 / -1, with `reward/acc`."""
+    AIME validation set (aime2024) score with verl's math_dapo rule, 1 / -1, with `reward/acc`; numina and
+    geometry3k validation rows score in the same run with PRIME's and mathruler's rules (0 to 1)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -189,7 +190,8 @@ def test_dapo_runs_the_dapo_recipes_own_data(tmp_path):
                 for i in range(count)]  # fmt: skip
 
     pq.write_table(pa.Table.from_pylist(rows("math_dapo", 16)), tmp_path / "dapo.parquet")
-    pq.write_table(pa.Table.from_pylist(rows("aime2024", 4)), tmp_path / "aime.parquet")
+    val = rows("aime2024", 4) + rows("numina_cn_k12", 4) + rows("hiyouga/geometry3k", 4)
+    pq.write_table(pa.Table.from_pylist(val), tmp_path / "aime.parquet")
     files = [
         "--data.train-files",
         str(tmp_path / "dapo.parquet"),
@@ -206,4 +208,6 @@ def test_dapo_runs_the_dapo_recipes_own_data(tmp_path):
         -1
     ]  # the untrained model never ends with "Answer: <n>": -1 each (and DAPO's overlong penalty)
     assert step["reward/acc"] == 0.0 and step["train/reward_mean"] <= -1.0, step
-    assert records[0]["val/reward_mean"] == -1.0, records[0]
+    assert records[0]["val/aime2024/reward_mean"] == -1.0, records[0]
+    for source in ("numina_cn_k12", "hiyouga/geometry3k"):
+        assert 0.0 <= records[0][f"val/{source}/reward_mean"] <= 1.0, records[0]
