@@ -34,7 +34,9 @@ def test_two_ranks_the_waiting_rank_names_the_one_that_stalled(tmp_path) -> None
     GIL would be); rank 0 waits for it in the next collective, and its watchdog names rank 1."""
     env = dict(os.environ) | {"RLCORE_TEST_STALL": "1:2:scoring", "RLCORE_TEST_STALL_MUTE": "1"}
     started = time.monotonic()
-    proc = torchrun(*ARGS, *HANG, "--out-dir", str(tmp_path), env=env, timeout=240)
+    # the stalled rank takes torchrun's SIGTERM as a preemption: a short grace ends it (not torchrun's SIGKILL 30 s on)
+    grace = ["--trainer.preempt-grace-s", "1"]
+    proc = torchrun(*ARGS, *HANG, *grace, "--out-dir", str(tmp_path), env=env, timeout=240)
     assert proc.returncode != 0 and time.monotonic() - started < 200, proc.stderr[-3000:]
     assert "rank 0: no progress for 10 s at step 2, after phase 'scoring'" in proc.stderr, proc.stderr[-3000:]
     (line,) = [x for x in proc.stderr.splitlines() if "error: hang:" in x]
