@@ -22,6 +22,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def main(argv: list[str] | None = None) -> int:
+    import faulthandler
+
+    faulthandler.enable()  # a native crash (SIGSEGV, SIGABRT, ...) prints every thread's Python stack first
     from rlcore.trainer.cli import UserError, parse
 
     try:

@@ -16,9 +16,10 @@ braces and `,\\!`; an integral float -> that integer; LaTeX -> text (pylatexenc,
 `pi`, ...); `- 3` -> `-3`; a mixed number `7 3/4` -> `7+3/4`; lower case; `1,000` -> `1000`.
 
 The dialects differ in three details: `prime_math` (verl's `numina_*` sources) also drops the unit
-`liter` and bounds the sympy check by 10 s; mathruler (verl's `hiyouga/geometry3k`) removes every
-space and brace after the mixed-number step and drops a bare `%` in Hendrycks' normalisation. Here
-both bound sympy by `SYMPY_LIMIT_S` (mathruler has no limit and would hang where this scores 0).
+`liter`; mathruler (verl's `hiyouga/geometry3k`) removes every space and brace after the mixed-number
+step and drops a bare `%` in Hendrycks' normalisation. verl bounds prime_math's sympy check by 10 s
+and mathruler's not at all; here both stop at `SYMPY_LIMIT_S` (where mathruler would hang, this
+scores 0).
 """
 
 from __future__ import annotations

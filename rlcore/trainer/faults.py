@@ -3,6 +3,7 @@
     RLCORE_TEST_KILL_AT=3:update       SIGKILL this process at step 3's phase: rollout (rollout and rewards
                                        done, nothing learned), update (optimizer stepped, nothing logged),
                                        or save (checkpoint files written, not yet committed)
+    RLCORE_TEST_KILL_SIGNAL=SIGABRT    with RLCORE_TEST_KILL_AT: die of this signal instead (a native crash)
     RLCORE_TEST_PAUSE_IN_SAVE=60       stall every checkpoint save for 60 s before its commit
     RLCORE_TEST_SAVE_ERROR=2:1         the checkpoint save of step 2 fails on rank 1 only (disk full)
     RLCORE_TEST_NAN_AT_STEPS=2,3       make the advantages of steps 2 and 3 NaN (the update must be skipped)
@@ -51,10 +52,10 @@ def stall(rank: int, step: int, phase: str) -> None:
 
 
 def kill_point(step: int, phase: str) -> None:
-    """SIGKILL this process if RLCORE_TEST_KILL_AT names (step, phase)."""
+    """SIGKILL (or RLCORE_TEST_KILL_SIGNAL) this process if RLCORE_TEST_KILL_AT names (step, phase)."""
     assert phase in PHASES, phase
     if os.environ.get("RLCORE_TEST_KILL_AT") == f"{step}:{phase}":
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.Signals[os.environ.get("RLCORE_TEST_KILL_SIGNAL", "SIGKILL")])
 
 
 def before_commit(step: int) -> None:

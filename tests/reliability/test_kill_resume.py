@@ -9,6 +9,7 @@ A fresh process then resumes from what is on disk and must end with the same met
 from __future__ import annotations
 
 import random
+import re
 import signal
 
 import pytest
@@ -47,3 +48,13 @@ def test_killed_run_resumes_to_the_uninterrupted_result(seed, launch, reference,
     ok(launch.run([*RUN, "--resume", "auto"], out=tmp_path))
     assert_same_run(reference, tmp_path)
     assert not list(checkpoints.glob("*.tmp"))  # the resumed run's saves pruned the leftover
+
+
+def test_a_native_crash_prints_every_threads_python_stack(launch, tmp_path):
+    """A rank that dies in native code (here SIGABRT, as `terminate called ...` does) leaves the Python
+    stack of each of its threads in stderr (train.py enables faulthandler), not just an exit code."""
+    env = {"RLCORE_TEST_KILL_AT": "1:update", "RLCORE_TEST_KILL_SIGNAL": "SIGABRT"}
+    crashed = launch.run(RUN, out=tmp_path, env=env)
+    assert crashed.returncode == -signal.SIGABRT, crashed.stderr[-2000:]
+    assert "Fatal Python error: Aborted" in crashed.stderr, crashed.stderr[-2000:]
+    assert re.search(r'File ".*rlcore/trainer/faults\.py", line \d+ in kill_point', crashed.stderr)
