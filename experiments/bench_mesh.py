@@ -32,9 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -220,19 +218,11 @@ LAYOUTS = {"dp 2": ([], 2), "tp 2": (["--trainer.tp", "2"], 1)}  # flags, data-p
 def torchrun(args: list[str], out: Path, timeout: float = 600) -> list[dict]:
     """train.py grpo on 2 torchrun ranks; its metrics records."""
     from rlcore.trainer.logger import read_metrics
+    from tests.smoke.test_torchrun import torchrun as launch
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(WORLD),
-           str(ROOT / "train.py"), "grpo", *args, "--log.no-progress", "--out-dir", str(out)]  # fmt: skip
-    env = dict(os.environ) | {"OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)  # fmt: skip
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the ranks too, not only the launcher
-        raise
+    proc = launch("grpo", *args, "--log.no-progress", "--out-dir", str(out), timeout=timeout, nproc=WORLD)
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(args)} failed:\n{err[-3000:]}")
+        raise SystemExit(f"{' '.join(args)} failed:\n{proc.stderr[-3000:]}")
     return read_metrics(out / "metrics.jsonl")
 
 
