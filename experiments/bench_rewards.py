@@ -21,32 +21,23 @@ import sys
 import tempfile
 import time
 import types
-import zipfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rlcore.rewards.dispatch import default_compute_score
-from tests.rewards.test_verl_own_functions import _math_responses, _responses
-
-WHEEL = Path(sys.prefix) / "wheels" / "verl-0.9.1-py3-none-any.whl"
+from tests.rewards.test_verl_own_functions import _math_responses, _responses, unpack_verl
 
 
 def load_verl(root: Path) -> types.ModuleType:
-    """verl's `verl.utils.reward_score` from the wheel (its top `__init__`s, which need ray, stubbed)."""
-    with zipfile.ZipFile(WHEEL) as wheel:
-        wheel.extractall(root, [n for n in wheel.namelist() if n.startswith("verl/")])
-    for name in ("verl", "verl.utils"):
-        package = types.ModuleType(name)
-        package.__path__ = [str(root / name.replace(".", "/"))]
-        sys.modules[name] = package
+    """verl's `verl.utils.reward_score`, from the wheel unpacked under `root`."""
+    unpack_verl(root)
     return importlib.import_module("verl.utils.reward_score")
 
 
-def families(verl: types.ModuleType) -> dict[str, str]:
-    """family -> data_source; each side scores it through its own `default_compute_score`."""
-    return {"gsm8k": "openai/gsm8k", "MATH": "HuggingFaceH4/MATH-500", "math_dapo": "math_dapo",
+FAMILIES = {"gsm8k": "openai/gsm8k", "MATH": "HuggingFaceH4/MATH-500", "math_dapo": "math_dapo",
             "numina (prime_math)": "numina_olympiads", "geometry3k": "hiyouga/geometry3k"}  # fmt: skip
+"""family -> data_source; each side scores it through its own `default_compute_score`."""
 
 
 def score_of(result) -> float:
@@ -70,7 +61,7 @@ def main() -> None:
         cases = _math_responses(args.count // 2, seed=31) + _responses(args.count - args.count // 2, seed=32)
         print(f"{len(cases)} responses per family, {args.rounds} rounds each side, alternating")
         print(f"{'family':22s} {'verl resp/s':>12s} {'rlcore resp/s':>14s} {'ratio':>7s}  scores")
-        for family, source in families(verl).items():
+        for family, source in FAMILIES.items():
             verl_fn = lambda r, t, s=source: score_of(verl.default_compute_score(s, r, t))  # noqa: E731
             ours_fn = lambda r, t, s=source: score_of(default_compute_score(s, r, t))  # noqa: E731
             timed(ours_fn, cases[:20]), timed(verl_fn, cases[:20])  # imports, caches

@@ -16,6 +16,7 @@ import re
 from typing import Any
 
 from rlcore.rewards import prm800k
+from rlcore.rewards.math_reward import closing_brace
 
 FORMAT_WEIGHT = 0.1
 _FORMAT = re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)
@@ -26,15 +27,8 @@ def boxed_content(text: str) -> str:
     """mathruler's `extract_boxed_content`: the stripped text after the last `\\boxed{` up to the `}` that
     closes it, else the string `"None"`."""
     start = text.rfind(_BOX)
-    if start == -1:
-        return "None"
-    depth = 0
-    content = text[start + len(_BOX) :]
-    for i, char in enumerate(content):
-        depth += {"{": 1, "}": -1}.get(char, 0)
-        if depth == -1:
-            return content[:i].strip()
-    return "None"
+    end = closing_brace(text, start) if start != -1 else None
+    return "None" if end is None else text[start + len(_BOX) : end].strip()
 
 
 def compute_score(

@@ -242,18 +242,16 @@ def _equal_as_text(prediction: str, reference: str) -> bool:
 def _equal_matrices(prediction: str, reference: str) -> bool:
     if prediction.startswith("Matrix"):
         try:
-            entries = _sympy_matrix(prediction)
-            return len(entries) == len(reference.split()[1:-1:2]) and _all_equal(
-                list(entries), reference.split()[1:-1:2]
-            )
+            entries, ref_entries = _sympy_matrix(prediction), reference.split()[1:-1:2]
+            return len(entries) == len(ref_entries) and _all_equal(list(entries), ref_entries)
         except Exception:
             return False
     if not (prediction.startswith("[") and prediction.endswith("]")):
         return False
-    if not isinstance(arithmetic(prediction), list):  # raises where verl's eval() raises
+    rows = arithmetic(prediction)  # raises where verl's eval() raises (the response then scores 0)
+    if not isinstance(rows, list):
         return False
     try:
-        rows = arithmetic(prediction)
         body = reference.removeprefix("\\\\begin{pmatrix}").removeprefix("\\begin{pmatrix}")
         body = body.removesuffix("\\\\end{pmatrix}").removesuffix("\\end{pmatrix}")
         ref_rows = [row.split("&") if "&" in row else row for row in body.split("\\")]

@@ -56,19 +56,24 @@ def verl() -> dict[str, types.ModuleType]:
     return out
 
 
-@pytest.fixture(scope="module")
-def verl_package(tmp_path_factory, verl) -> dict[str, types.ModuleType]:
-    """verl's `prime_math` and `geo3k`, imported from the wheel's `verl/` (its top `__init__`s, which pull
-    in ray and omegaconf, replaced by empty packages)."""
-    pytest.importorskip("mathruler") if os.environ.get("RLCORE_REQUIRE_VERL") != "1" else None
-    root = tmp_path_factory.mktemp("verl")
+def unpack_verl(root: Path) -> None:
+    """Make `verl.utils.reward_score.*` importable from the wheel's `verl/` unpacked under `root`, its top
+    `__init__`s (which pull in ray and omegaconf) replaced by empty packages."""
     with zipfile.ZipFile(WHEEL) as wheel:
         wheel.extractall(root, [n for n in wheel.namelist() if n.startswith("verl/")])
-    saved = {name: sys.modules.get(name) for name in ("verl", "verl.utils")}
-    for name in saved:
+    for name in ("verl", "verl.utils"):
         package = types.ModuleType(name)
         package.__path__ = [str(root / name.replace(".", "/"))]
         sys.modules[name] = package
+
+
+@pytest.fixture(scope="module")
+def verl_package(tmp_path_factory, verl) -> dict[str, types.ModuleType]:
+    """verl's `prime_math` and `geo3k`, imported from the unpacked wheel (`unpack_verl`)."""
+    if os.environ.get("RLCORE_REQUIRE_VERL") != "1":
+        pytest.importorskip("mathruler")
+    saved = {name: sys.modules.get(name) for name in ("verl", "verl.utils")}
+    unpack_verl(tmp_path_factory.mktemp("verl"))
     try:
         yield {
             name: importlib.import_module(f"verl.utils.reward_score.{name}")
