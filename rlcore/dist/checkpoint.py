@@ -119,6 +119,20 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+class _Writer(dcp.FileSystemWriter):
+    """DCP's file writer that runs `during_write` once this rank's shard files are written, still inside
+    DCP's save (which turns anything raised there, KeyboardInterrupt included, into its own exception)."""
+
+    def __init__(self, path: Path, during_write: Callable[[], None]) -> None:
+        super().__init__(path)
+        self._during_write = during_write
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        written = super().write_data(plan, planner)
+        self._during_write()
+        return written
+
+
 def save_checkpoint(
     directory: str | os.PathLike,
     step: int,
@@ -128,6 +142,7 @@ def save_checkpoint(
     extra: Mapping[str, Any] | None = None,
     tensors: Mapping[str, Tensor] | None = None,
     before_commit: Callable[[], None] | None = None,
+    during_write: Callable[[], None] | None = None,
     group: Any = None,
     dcp_group: Any = None,
 ) -> Path:
@@ -137,7 +152,8 @@ def save_checkpoint(
     writes it. `tensors` is this rank's flat dict of tensors (e.g. `rng_state()`). An existing
     `step_<step>/` is replaced. `before_commit` runs on every rank with its files written to
     `step_<step>.tmp/`, before the ranks agree to commit (fault-injection tests kill the process or fail
-    the save there).
+    the save there); `during_write` runs on every rank inside DCP's save, once that rank's shard files
+    are written and before DCP writes its index (fault-injection tests land an interrupt there).
 
     `group` (default: every rank) takes part and agrees; its first rank creates and commits the
     directory. `dcp_group` (default: `group`) holds `model` and `optimizer` (the ranks they are sharded
@@ -163,7 +179,8 @@ def save_checkpoint(
                 else:
                     model_sd, optim_sd = get_state_dict(model, optimizer, options=TRAINED)
                     state = {"model": _trained(model, model_sd), "optim": optim_sd}
-                dcp.save(state, checkpoint_id=tmp / "dcp", process_group=dcp_group, no_dist=_no_dist())
+                writer = _Writer(tmp / "dcp", during_write or (lambda: None))
+                dcp.save(state, storage_writer=writer, process_group=dcp_group, no_dist=_no_dist())
             if _group_rank(dcp_group) == 0:
                 (tmp / "extra.json").write_text(text)
         if tensors:

@@ -10,7 +10,9 @@ Under split placement one checkpoint holds both roles: the trainer ranks' model 
 over them) and JSON, and each rollout rank's batches sent but not trained plus the data cursor (its
 `tensors_rank<r>.pt`); it resumes only under the same placement and number of rollout ranks.
 
-A save that cannot write (disk full, directory not writable) and a checkpoint that cannot be resumed
+A save is not cut short by Ctrl-C or a preemption signal: they take effect once it is complete
+(`signals.deferred`), so an interrupt is never mistaken for a disk error. A save that cannot write
+(disk full, directory not writable) and a checkpoint that cannot be resumed
 from end the run with one `error:` line and exit code 2; a failed save removes its `.tmp` directory.
 """
 
@@ -18,14 +20,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pickle
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 from rlcore.dist.transfer import json_tensor, tensor_json
 from rlcore.state import Health, TrainState, rollouts_from_tensors, rollouts_to_tensors
-from rlcore.trainer import faults
+from rlcore.trainer import faults, signals
 from rlcore.trainer.errors import StopRun, reason
 
 LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, pickle.UnpicklingError)
@@ -86,6 +90,16 @@ def save(state: TrainState, h: Any) -> None:
     from rlcore.dist.checkpoint import prune
 
     root, step = h.out_dir / "checkpoints", state.step
+    with signals.deferred(second_sigint=lambda: _abandon(root, step, h.placement.writes)):
+        _save(state, h, root, step)
+        if h.placement.writes:
+            prune(root, h.cfg.trainer.keep_last)
+            if state.critic is not None:
+                prune(root / "critic", h.cfg.trainer.keep_last)
+
+
+def _save(state: TrainState, h: Any, root: Path, step: int) -> None:
+    """`_write`, its errors turned into one StopRun line (the partial `.tmp` directories removed)."""
     try:
         _write(state, h, root)
     except ValueError as e:  # lag mode: a batch generated ahead that JSON cannot carry
@@ -101,10 +115,15 @@ def save(state: TrainState, h: Any) -> None:
             f"The previous checkpoint ({newest(root)}) is intact: free disk space or make {root} writable "
             "(or use another --out-dir), then rerun with --resume auto"
         ) from None
-    if h.placement.writes:
-        prune(root, h.cfg.trainer.keep_last)
-        if state.critic is not None:
-            prune(root / "critic", h.cfg.trainer.keep_last)
+
+
+def _abandon(root: Path, step: int, writes: bool) -> None:
+    """A second Ctrl-C during a checkpoint write: drop the partial step and exit at once."""
+    if writes:
+        discard_partial(root)
+    print(f"interrupted again while writing checkpoint step_{step}; stopped at once, the newest checkpoint is "
+          f"{newest(root)}; continue with --resume auto", file=sys.stderr, flush=True)  # fmt: skip
+    os._exit(signals.EXIT_INTERRUPTED)
 
 
 def _write(state: TrainState, h: Any, root: Path) -> None:
@@ -119,7 +138,8 @@ def _write(state: TrainState, h: Any, root: Path) -> None:
         return
     if critic is not None:  # saved first, by the trainer ranks: an actor checkpoint at N implies the critic's
         save_checkpoint(root / "critic", step, critic.model, critic.optimizer, group=trainers,
-                        extra={"scheduler": critic.scheduler.state_dict(), "updates": critic.step})  # fmt: skip
+                        extra={"scheduler": critic.scheduler.state_dict(), "updates": critic.step},
+                        during_write=lambda: faults.signal_in_save(step, "critic"))  # fmt: skip
     save_checkpoint(
         root,
         step,
@@ -128,6 +148,7 @@ def _write(state: TrainState, h: Any, root: Path) -> None:
         extra=_extra(state, h),
         tensors=rollouts_to_tensors(state.pending),
         before_commit=lambda: faults.before_commit(step),
+        during_write=lambda: faults.signal_in_save(step, "policy"),
         dcp_group=trainers,
     )
 

@@ -6,6 +6,9 @@
     RLCORE_TEST_KILL_SIGNAL=SIGABRT    with RLCORE_TEST_KILL_AT: die of this signal instead (a native crash)
     RLCORE_TEST_PAUSE_IN_SAVE=60       stall every checkpoint save for 60 s before its commit
     RLCORE_TEST_SAVE_ERROR=2:1         the checkpoint save of step 2 fails on rank 1 only (disk full)
+    RLCORE_TEST_SIGNAL_IN_SAVE=4:critic:SIGINT
+                                       every rank sends itself SIGINT inside DCP's write of step 4's critic
+                                       checkpoint (or `policy`'s): an interrupt landing mid-write, on cue
     RLCORE_TEST_NAN_AT_STEPS=2,3       make the advantages of steps 2 and 3 NaN (the update must be skipped)
     RLCORE_TEST_DUMP_STATE=DIR         at the end of the run, every rank writes DIR/rank<r>.json: its run state
                                        (KL coefficient, data cursor, step, bad updates) and whether its
@@ -21,7 +24,7 @@
                                        then arrive while a batch is being generated)
 
 The run loop calls `kill_point` at its phase boundaries, `checkpoints.save` calls `before_commit`,
-`learn` passes the advantages through `poison`, the weight push asks `push_per_bucket`, and
+`signal_in_save` from inside DCP's write, `learn` passes the advantages through `poison`, the weight push asks `push_per_bucket`, and
 `collect.generate` calls `slow_rollout`, `collect.collect` calls `stall`. tests/reliability drives them.
 """
 
@@ -66,6 +69,13 @@ def before_commit(step: int) -> None:
     kill_point(step, "save")
     if os.environ.get("RLCORE_TEST_SAVE_ERROR") == f"{step}:{os.environ.get('RANK', '0')}":
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def signal_in_save(step: int, part: str) -> None:
+    """Send this process the signal RLCORE_TEST_SIGNAL_IN_SAVE names if it names (step, part)."""
+    spec = os.environ.get("RLCORE_TEST_SIGNAL_IN_SAVE", "").split(":")
+    if len(spec) == 3 and spec[:2] == [str(step), part]:
+        os.kill(os.getpid(), signal.Signals[spec[2]])
 
 
 def slow_rollout() -> None:

@@ -11,6 +11,12 @@ SIGTERM and SIGUSR1 (what SLURM, Kubernetes and spot instances send before the k
 flag: the step in progress finishes, every rank learns that some rank was signalled (one all-reduce
 per step), the finished step is checkpointed and the run exits 143. A step still running
 `grace_s` after the signal is abandoned: the process exits 143 at once, the newest checkpoint intact.
+
+A checkpoint write is never cut short by a signal (`deferred`): an interrupt raised inside `torch.save`
+or DCP would surface as their own exceptions, and ranks leaving a write midway would leave the others
+waiting in its collectives. SIGINT, SIGTERM and SIGUSR1 that arrive during the write are held until
+it finishes on every rank, then delivered to the handler in place before it (Ctrl-C's
+KeyboardInterrupt, the preemption flag, `Terminated`). A second Ctrl-C during the write exits at once.
 """
 
 from __future__ import annotations
@@ -21,12 +27,13 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+DEFERRABLE = (signal.SIGINT, *PREEMPT_SIGNALS)
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_PREEMPTED = 143  # 128 + SIGTERM
 
@@ -100,3 +107,41 @@ def exit_at_once_on_sigint() -> None:
     """A second Ctrl-C while the run closes (engines, reward workers) exits immediately."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, lambda signum, frame: os._exit(EXIT_INTERRUPTED))
+
+
+@contextlib.contextmanager
+def deferred(*, second_sigint: Callable[[], None]) -> Iterator[None]:
+    """Hold SIGINT, SIGTERM and SIGUSR1 within the block, and deliver them (once each, in the order they
+    came) to the handlers in place before it when the block ends normally; if it raises, its error
+    stands and the held signals are dropped (the run is stopping anyway). A second SIGINT within the
+    block calls `second_sigint` (which should exit). Main thread only; elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in DEFERRABLE}
+    held: list[int] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT and signum in held:
+            second_sigint()
+        if signum not in held:
+            held.append(signum)
+
+    for s in DEFERRABLE:
+        signal.signal(s, hold)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    for signum in held:
+        _deliver(signum, previous[signum])
+
+
+def _deliver(signum: int, handler: Any) -> None:
+    """What `handler` (as `signal.getsignal` gave it) does with `signum`, now."""
+    if callable(handler):
+        handler(signum, None)  # default_int_handler raises KeyboardInterrupt
+    elif handler != signal.SIG_IGN:  # SIG_DFL, or installed outside Python: the default action
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)

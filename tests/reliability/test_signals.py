@@ -13,9 +13,11 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from rlcore.dist.checkpoint import latest_checkpoint
 from rlcore.trainer.logger import read_metrics
+from tests.frames import our_frames
 from tests.reliability.helpers import RUN, assert_same_run, ok
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,3 +135,98 @@ def test_a_step_running_past_the_grace_period_is_abandoned(tmp_path):
         "checkpoint is step_1; continue with --resume auto"
     ), err[-3000:]
     assert latest_checkpoint(tmp_path / "checkpoints") == tmp_path / "checkpoints" / "step_1"
+
+
+def _interrupted_line(err: str) -> tuple[int, int]:
+    """(step, newest checkpoint step) of the one `interrupted at step ...` line a stopped rank prints."""
+    found = re.search(r"^interrupted at step (\d+); the newest checkpoint is step_(\d+); continue with --resume auto$",
+                      err, re.M)  # fmt: skip
+    assert found, err[-3000:]
+    return int(found.group(1)), int(found.group(2))
+
+
+def _assert_intact(checkpoints: Path, newest: int, *, critic: bool) -> None:
+    """step_<newest> is the newest complete checkpoint (the critic's too), and nothing partial is left."""
+    assert latest_checkpoint(checkpoints) == checkpoints / f"step_{newest}"
+    if critic:
+        assert latest_checkpoint(checkpoints / "critic") == checkpoints / "critic" / f"step_{newest}"
+    assert not list(checkpoints.glob("**/*.tmp"))
+
+
+SAVE_EVERY_STEP = [*RUN[:-4], "--trainer.steps", "4", "--trainer.save-every", "1", "--trainer.val-every", "0"]
+
+
+@pytest.mark.parametrize("part", ["policy", "critic"])
+def test_ctrl_c_inside_a_checkpoint_write_is_an_interrupt_not_a_disk_error(part, launch, tmp_path):
+    """SIGINT lands inside DCP's write of step 2's checkpoint (the policy's, or PPO's critic's), on cue:
+    the write finishes, then the run stops as at any Ctrl-C (before the fix: the interrupt surfaced as
+    DCP's exception, reported as a disk error with exit 2)."""
+    args = [*SAVE_EVERY_STEP, *(["--algo.adv-estimator", "gae"] if part == "critic" else [])]
+    proc = launch.run(args, out=tmp_path, env={"RLCORE_TEST_SIGNAL_IN_SAVE": f"2:{part}:SIGINT"})
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "error:" not in proc.stderr, proc.stderr[-3000:]
+    assert _interrupted_line(proc.stderr) == (2, 2)  # step 2's checkpoint, completed before stopping
+    _assert_intact(tmp_path / "checkpoints", 2, critic=part == "critic")
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]
+
+
+def test_sigterm_inside_a_critic_checkpoint_write_preempts(launch, tmp_path):
+    """SIGTERM inside the critic's write: the save finishes and the run stops after it with exit 143."""
+    args = [*SAVE_EVERY_STEP, "--algo.adv-estimator", "gae"]
+    proc = launch.run(args, out=tmp_path, env={"RLCORE_TEST_SIGNAL_IN_SAVE": "2:critic:SIGTERM"})
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "error:" not in proc.stderr, proc.stderr[-3000:]
+    checkpoint = tmp_path / "checkpoints" / "step_2"
+    assert f"preempted: wrote checkpoint {checkpoint} (step 2); continue with --resume auto" in proc.stderr
+    _assert_intact(tmp_path / "checkpoints", 2, critic=True)
+
+
+def test_ctrl_c_inside_a_checkpoint_write_stops_both_ranks(tmp_path):
+    """Under torchrun every rank is interrupted inside its DCP write (torchrun forwards Ctrl-C to each):
+    both finish the save together, then stop with the interrupted line; none is reported as a disk error."""
+    proc = _start(SAVE_EVERY_STEP, tmp_path, nproc=2, env={"RLCORE_TEST_SIGNAL_IN_SAVE": "2:policy:SIGINT"})
+    err = _finish(proc)
+    assert proc.returncode != 0  # torchrun's own exit code and ChildFailedError follow
+    assert "error: cannot write checkpoint" not in err, err[-3000:]
+    assert len(re.findall(r"interrupted at step 2; the newest checkpoint is step_2;", err)) == 2, err[-3000:]
+    assert not our_frames(err), err[-3000:]
+    _assert_intact(tmp_path / "checkpoints", 2, critic=False)
+
+
+def test_sigterm_inside_a_checkpoint_write_under_split_placement(tmp_path):
+    """Split placement stops at once on SIGTERM; one landing inside the trainer's DCP write waits for the
+    write to finish (before the fix: DCP's exception, reported as a disk error)."""
+    args = [*SAVE_EVERY_STEP, "--pipeline.placement", "split", "--pipeline.rollout-ranks", "1"]
+    proc = _start(args, tmp_path, nproc=2, env={"RLCORE_TEST_SIGNAL_IN_SAVE": "2:policy:SIGTERM"})
+    err = _finish(proc)
+    assert proc.returncode != 0
+    assert "error: cannot write checkpoint" not in err, err[-3000:]
+    assert "SIGTERM at step 2 (split placement stops at once); the newest checkpoint is step_2;" in err, err[
+        -3000:
+    ]
+    assert not our_frames(err), err[-3000:]
+    _assert_intact(tmp_path / "checkpoints", 2, critic=False)
+
+
+def test_deferred_holds_signals_until_the_block_ends():
+    """Within `deferred`, Ctrl-C and SIGUSR1 are held; at the end each reaches the handler in place before
+    (SIGUSR1's first: it came first); a block that raises keeps its own error; a second Ctrl-C is at once."""
+    from rlcore.trainer.signals import deferred
+
+    seen, previous = [], signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(signum))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with deferred(second_sigint=lambda: seen.append("second")):
+                os.kill(os.getpid(), signal.SIGUSR1)
+                os.kill(os.getpid(), signal.SIGINT)
+                assert seen == []  # held, not delivered
+        assert seen == [signal.SIGUSR1]
+        with pytest.raises(OSError, match="disk full"):  # the block's error stands, the Ctrl-C is dropped
+            with deferred(second_sigint=lambda: seen.append("second")):
+                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGINT)
+                raise OSError("disk full")
+        assert seen == [signal.SIGUSR1, "second"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    finally:
+        signal.signal(signal.SIGUSR1, previous)

@@ -5,13 +5,13 @@ mesh that does not fit the world exits 2 naming its factors."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 import torch
 
 from rlcore.trainer.logger import read_metrics
+from tests.frames import our_frames
 from tests.smoke.test_torchrun import torchrun
 from tests.smoke.test_train import ok, train
 
@@ -117,5 +117,4 @@ def test_a_mesh_that_does_not_fit_the_world_names_its_factors(tmp_path):
     expected = ("error: --trainer.tp 4: dp_shard(0) * tp(4) != world size (2): every factor must be >= 1 and "
                 "their product must divide the number of processes")  # fmt: skip
     assert expected in proc.stderr, proc.stderr[-2000:]  # each rank says it; their writes may interleave
-    ours = re.search(r'File ".*(rlcore|train\.py)', proc.stderr)  # torchrun's own traceback only
-    assert not ours, proc.stderr[-3000:]
+    assert not our_frames(proc.stderr), proc.stderr[-3000:]  # torchrun's own traceback only
