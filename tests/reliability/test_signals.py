@@ -215,17 +215,16 @@ def test_deferred_holds_signals_until_the_block_ends():
 
     seen, previous = [], signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(signum))
     try:
-        with pytest.raises(KeyboardInterrupt):
-            with deferred(second_sigint=lambda: seen.append("second")):
-                os.kill(os.getpid(), signal.SIGUSR1)
-                os.kill(os.getpid(), signal.SIGINT)
-                assert seen == []  # held, not delivered
+        with pytest.raises(KeyboardInterrupt), deferred(second_sigint=lambda: seen.append("second")):
+            os.kill(os.getpid(), signal.SIGUSR1)
+            os.kill(os.getpid(), signal.SIGINT)
+            assert seen == []  # held, not delivered
         assert seen == [signal.SIGUSR1]
-        with pytest.raises(OSError, match="disk full"):  # the block's error stands, the Ctrl-C is dropped
-            with deferred(second_sigint=lambda: seen.append("second")):
-                os.kill(os.getpid(), signal.SIGINT)
-                os.kill(os.getpid(), signal.SIGINT)
-                raise OSError("disk full")
+        # the block's error stands, the Ctrl-C is dropped; the second one calls `second_sigint`
+        with pytest.raises(OSError, match="disk full"), deferred(second_sigint=lambda: seen.append("second")):
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+            raise OSError("disk full")
         assert seen == [signal.SIGUSR1, "second"]
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
     finally:
