@@ -87,3 +87,29 @@ def test_pending_batches_round_trip_through_checkpoint_tensors_and_refuse_non_js
         ValueError, match="the batch of step 1, generated ahead, holds a value JSON cannot carry"
     ):
         rollouts_to_tensors(bad)
+
+
+def test_cpu_builds_with_torch_under_a_path_with_a_space_are_refused_with_one_line(monkeypatch):
+    """torch's inductor cannot link CPU kernels when torch lives under a path with a space (measured on a
+    checkout in `my runs/`): --rollout.compile and vLLM on CPU are refused before any model loads."""
+    import dataclasses
+    from pathlib import Path
+
+    from configs import PRESETS, ConfigError
+    from rlcore.rollout import toolchain
+    from rlcore.trainer.models import check_engine
+
+    spaced = Path("/tmp/my runs/rlcore/.venv/lib/python3.11/site-packages/torch")
+    assert toolchain.cpu_compile_problem(Path("/tmp/rlcore/.venv/lib/python3.11/site-packages/torch")) is None
+    assert toolchain.cpu_compile_problem(spaced).startswith(
+        f"torch is installed under '{spaced}', a path with"
+    )
+    cfg = PRESETS["grpo"][1]
+    compiled = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, compile=True))
+    on_cpu = type("Dist", (), {"device": torch.device("cpu")})()
+    monkeypatch.setattr(toolchain, "TORCH_DIR", Path("/opt/venv/torch"))
+    check_engine(compiled, on_cpu)  # no space: nothing to refuse
+    monkeypatch.setattr(toolchain, "TORCH_DIR", spaced)
+    with pytest.raises(ConfigError, match=r"^--rollout.compile: torch is installed under '/tmp/my runs/"):
+        check_engine(compiled, on_cpu)
+    check_engine(cfg, on_cpu)  # the eager native engine builds nothing

@@ -91,9 +91,13 @@ class PromptDataset:
         names = [str(paths)] if isinstance(paths, str | Path) else [str(p) for p in paths]
         return cls(read_rows(paths), tokenizer, name=kwargs.pop("name", ", ".join(names)), **kwargs)
 
+    def prompt_lengths(self) -> list[int]:
+        """The token count of every kept prompt (chat template and tools rendered)."""
+        return [len(ids) for ids in self.token_ids]
+
     def report(self) -> str:
         """One line on what was read: rows, prompts dropped for length, prompt-length percentiles."""
-        kept = [len(ids) for ids in self.token_ids]
+        kept = self.prompt_lengths()
         every = sorted(kept + self.dropped_lengths)
         cut = "" if self.max_prompt_length is None else f" (max prompt length {self.max_prompt_length})"
         dropped = f"{self.n_dropped} dropped as too long{cut}" + (

@@ -9,7 +9,8 @@ reduced one dimension after the other, which covers every rank once.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -38,6 +39,18 @@ def all_reduce(
         if mesh.size(dim) > 1:
             dist.all_reduce(out, op=_OPS[op], group=mesh.get_group(dim))
     return out
+
+
+def world_max(values: Sequence[int], group: Any = None) -> list[int]:
+    """Each of `values` maximised over every rank of `group` (default: the world), for decisions every
+    rank must take alike (a host sync); the values themselves without a process group."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [int(v) for v in values]
+    nccl = dist.get_backend(group) == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    out = torch.tensor([int(v) for v in values], dtype=torch.int64, device=device)
+    dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group)
+    return [int(v) for v in out.tolist()]
 
 
 def _combine(name: str) -> str:

@@ -3,6 +3,7 @@
     model, tokenizer = load_policy("builtin:tiny")                      # ~0.4M params, seeded init
     model, tokenizer = load_policy("/models/Qwen2.5-0.5B-Instruct", dtype=torch.bfloat16)
     model, tokenizer = load_policy("Qwen/Qwen2.5-0.5B-Instruct")       # via the HF cache (rlcore.models.hub)
+    tokenizer = load_tokenizer("Qwen/Qwen2.5-0.5B-Instruct")            # alone, without loading any weights
 
 A built-in model is a real `transformers` `LlamaForCausalLM` with the character-level tokenizer of
 `rlcore.models.tokenizer`; it saves and reloads with `save_pretrained` / `from_pretrained` like any
@@ -96,42 +97,56 @@ def load_policy(
     `seed` fixes a built-in model's random init (without touching the global RNG); it is unused
     when weights are loaded from disk.
     """
+    return load_model(path, dtype=dtype, seed=seed), load_tokenizer(path)
+
+
+def load_model(path: str, *, dtype: torch.dtype = torch.float32, seed: int = 0) -> PreTrainedModel:
+    """The model of `load_policy` alone, in eval mode."""
     if path.startswith(BUILTIN_PREFIX):
-        return _load_builtin(path.removeprefix(BUILTIN_PREFIX), dtype=dtype, seed=seed)
-    return _load_pretrained(path, dtype=dtype)
+        name = path.removeprefix(BUILTIN_PREFIX)
+        tokenizer = load_tokenizer(path)
+        weights = WEIGHTS_DIR / name
+        if (weights / "config.json").is_file():
+            model = AutoModelForCausalLM.from_pretrained(weights, dtype=dtype, local_files_only=True)
+        else:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                model = LlamaForCausalLM(builtin_config(name, tokenizer))
+            model = model.to(dtype)
+        return model.eval()
+    directory = _directory(path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=True)
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"model path {path!r}: cannot load the model ({_first_line(e)})") from None
+    return model.eval()
 
 
-def _load_builtin(name: str, *, dtype: torch.dtype, seed: int) -> tuple[PreTrainedModel, Any]:
-    tokenizer = build_char_tokenizer(model_max_length=builtin_spec(name).max_positions)
-    weights = WEIGHTS_DIR / name
-    if (weights / "config.json").is_file():
-        model = AutoModelForCausalLM.from_pretrained(weights, dtype=dtype, local_files_only=True)
-    else:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = LlamaForCausalLM(builtin_config(name, tokenizer))
-        model = model.to(dtype)
-    return model.eval(), tokenizer
+def load_tokenizer(path: str) -> Any:
+    """The tokenizer of `load_policy`, without loading any weights (seconds before them on a large model).
+    One without a pad token pads with eos, as verl does (padding is masked out anyway)."""
+    if path.startswith(BUILTIN_PREFIX):
+        spec = builtin_spec(path.removeprefix(BUILTIN_PREFIX))
+        return build_char_tokenizer(model_max_length=spec.max_positions)
+    directory = _directory(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"model path {path!r}: cannot load the tokenizer ({_first_line(e)})") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
-def _load_pretrained(path: str, *, dtype: torch.dtype) -> tuple[PreTrainedModel, Any]:
+def _directory(path: str) -> Path:
+    """The Hugging Face directory of a local path or hub id; a one-line ValueError if it is none."""
     try:
         directory = model_directory(path)
     except ValueError as e:
         raise ValueError(f"{e} (or {BUILTIN_PREFIX}<name>, name in {sorted(BUILTIN_MODELS)})") from None
     if not (directory / "config.json").is_file():
         raise ValueError(f"model path {path!r} has no config.json; it is not a Hugging Face model directory")
-    try:
-        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=True)
-    except (OSError, ValueError, KeyError) as e:
-        raise ValueError(f"model path {path!r}: cannot load the model ({_first_line(e)})") from None
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"model path {path!r}: cannot load the tokenizer ({_first_line(e)})") from None
-    if tokenizer.pad_token_id is None:  # as verl does: pad with eos (padding is masked out anyway)
-        tokenizer.pad_token = tokenizer.eos_token
-    return model.eval(), tokenizer
+    return directory
 
 
 def _first_line(error: BaseException) -> str:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from configs import Config, ConfigError
-from rlcore.models.policy import load_policy
+from rlcore.dist.reduce import world_max
+from rlcore.models.policy import load_model, load_tokenizer
 from rlcore.trainer import faults
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -22,17 +24,25 @@ def compute_precision(cfg: Config, device: torch.device) -> contextlib.AbstractC
     return torch.autocast(device.type, dtype=DTYPES[cfg.model.compute_dtype])
 
 
-def _load(cfg: Config, dist: Any) -> tuple[Any, Any]:
+def tokenizer_of(cfg: Config) -> Any:
+    """The policy's tokenizer, loaded without its weights (the prompts are checked before they load)."""
     try:
-        model, tokenizer = load_policy(cfg.model.path, dtype=DTYPES[cfg.model.dtype], seed=cfg.trainer.seed)
+        return load_tokenizer(cfg.model.path)
     except ValueError as e:  # a missing or broken model directory: the user's input
         raise ConfigError(f"--model.path: {e}") from None
-    return model.to(dist.device), tokenizer
 
 
-def build_policy(cfg: Config, placement: Any) -> tuple[Any, Any]:
+def _load(cfg: Config, dist: Any) -> Any:
+    try:
+        model = load_model(cfg.model.path, dtype=DTYPES[cfg.model.dtype], seed=cfg.trainer.seed)
+    except ValueError as e:  # a missing or broken model directory: the user's input
+        raise ConfigError(f"--model.path: {e}") from None
+    return model.to(dist.device)
+
+
+def build_policy(cfg: Config, placement: Any) -> Any:
     """The trained policy, split over the placement's axes (`shard`)."""
-    model, tokenizer = _load(cfg, placement.local)
+    model = _load(cfg, placement.local)
     model.train()
     if cfg.model.lora_rank > 0:
         model = _with_lora(model, cfg)
@@ -40,7 +50,7 @@ def build_policy(cfg: Config, placement: Any) -> tuple[Any, Any]:
         from rlcore.dist.fsdp import apply_activation_checkpointing
 
         apply_activation_checkpointing(model)
-    return shard(model, placement), tokenizer
+    return shard(model, placement)
 
 
 def shard(model: Any, placement: Any) -> Any:
@@ -74,16 +84,16 @@ def _with_lora(model: Any, cfg: Config) -> Any:
         raise ConfigError(f"--model.lora-targets {' '.join(m.lora_targets) or '(all linear)'}: {e}") from None
 
 
-def build_engine_copy(cfg: Config, dist: Any) -> tuple[Any, Any]:
+def build_engine_copy(cfg: Config, dist: Any) -> Any:
     """The policy an engine samples from when it cannot share the trained module (a rollout rank of
     split placement, or every rank under FSDP): in eval mode, refreshed by weight pushes, never trained.
     Its parameters keep `requires_grad` (the engine runs under no_grad): on CPU a linear layer takes
     another kernel for a weight without it, and sampling would then differ from the trained module's
     forward by ~1e-6 in log-prob (measured), where it now matches it exactly."""
-    model, tokenizer = _load(cfg, dist)
+    model = _load(cfg, dist)
     if cfg.model.lora_rank > 0:  # the same adapter layers: pushes then move the adapter tensors only
         model = _with_lora(model, cfg)
-    return model.eval(), tokenizer
+    return model.eval()
 
 
 def build_reference(cfg: Config, placement: Any) -> Any:
@@ -91,7 +101,7 @@ def build_reference(cfg: Config, placement: Any) -> Any:
     reference is then the policy with its adapter disabled, `rlcore.trainer.learn.reference`)."""
     if cfg.model.lora_rank > 0:
         return None
-    model, _ = _load(cfg, placement.local)
+    model = _load(cfg, placement.local)
     model.eval().requires_grad_(False)
     return shard(model, placement)
 
@@ -119,7 +129,7 @@ def build_engine(cfg: Config, model: Any, tokenizer: Any, dist: Any) -> Any:
         from rlcore.rollout.native import NativeEngine
 
         if model_mesh(model) is not None:
-            model, _ = build_engine_copy(cfg, dist)
+            model = build_engine_copy(cfg, dist)
         engine = NativeEngine(
             model, tokenizer, device=dist.device, generator_seed=cfg.trainer.seed, compile=cfg.rollout.compile
         )
@@ -128,7 +138,13 @@ def build_engine(cfg: Config, model: Any, tokenizer: Any, dist: Any) -> Any:
 
 def check_engine(cfg: Config, dist: Any) -> None:
     """Refuse, before any model is loaded, an engine that cannot run here (one line, no vLLM logs)."""
-    if cfg.rollout.engine != "vllm":
+    from rlcore.rollout.toolchain import cpu_compile_problem
+
+    vllm, on_cpu = cfg.rollout.engine == "vllm", dist.device.type == "cpu"
+    problem = cpu_compile_problem() if on_cpu and (vllm or cfg.rollout.compile) else None
+    if problem:
+        raise ConfigError(f"--rollout.{'engine vllm' if vllm else 'compile'}: {problem}")
+    if not vllm:
         return
     from rlcore.models.policy import BUILTIN_MODELS, BUILTIN_PREFIX, builtin_spec
     from rlcore.rollout.vllm_engine import config_head_dim, vllm_problem
@@ -139,7 +155,7 @@ def check_engine(cfg: Config, dist: Any) -> None:
     elif path.removeprefix(BUILTIN_PREFIX) in BUILTIN_MODELS:
         spec = builtin_spec(path.removeprefix(BUILTIN_PREFIX))
         head_dim = spec.hidden_size // spec.num_heads
-    problem = vllm_problem(head_dim, on_cpu=dist.device.type == "cpu")
+    problem = vllm_problem(head_dim, on_cpu=on_cpu)
     if problem:
         raise ConfigError(f"--rollout.engine vllm with --model.path {path}: {problem}")
 
@@ -161,23 +177,45 @@ def check_mesh(cfg: Config) -> None:
         )
 
 
-def check_context(cfg: Config) -> None:
-    """Refuse, before any weights load, prompts plus responses longer than the model's positions
-    (`max_position_embeddings`): the policy would train on positions it never saw. The agent loop's
-    --rollout.max-tokens budget holds every turn and observation, so the bound is the same."""
-    try:
-        config = _model_config(cfg.model.path)
-    except ConfigError:  # an unreadable model: loading it reports that, with its own message
+def check_context(cfg: Config, prompt_lengths: dict[str, Sequence[int]]) -> None:
+    """Refuse, before any weights load, a kept prompt (chat template and tools rendered) that leaves no room
+    for --rollout.max-tokens (which in the agent loop covers every turn and observation) within the model's
+    positions (`max_position_embeddings`): the policy would run on positions it never saw. `prompt_lengths`:
+    the kept prompts' token counts by file flag. Reduced over the ranks, so every rank decides alike.
+    --data.max-prompt-length is a filter on prompts, not a promise about the model: it is not compared."""
+    limit, budget = _positions(cfg.model.path), cfg.rollout.max_tokens
+    if limit is None:  # the same on every rank: the model's config
         return
+    fits, names = limit - budget, sorted(prompt_lengths)  # the longest prompt that fits beside the budget
+    longest, *over = world_max([max((max(v, default=0) for v in prompt_lengths.values()), default=0),
+                                *(sum(n > fits for n in prompt_lengths[k]) for k in names)])  # fmt: skip
+    if longest <= fits:
+        return
+    where = " and ".join(f"{n} of {k}" for k, n in zip(names, over, strict=True) if n)
+    fixes = [f"--data.max-prompt-length {fits} (drops them, counted in the data: line)"] if fits > 0 else []
+    fixes += [f"--rollout.max-tokens {limit - longest}"] if limit > longest else []
+    raise ConfigError(
+        f"--model.path {cfg.model.path} has {limit} positions (max_position_embeddings), too few for {sum(over)} "
+        f"prompt{'s' * (sum(over) > 1)} ({where}) beside --rollout.max-tokens {budget}: the longest is {longest} tokens, "
+        f"{longest} + {budget} = {longest + budget}; use {' or '.join(fixes)}"
+    )
+
+
+def _engine_context(cfg: Config) -> int:
+    """The longest sequence vLLM must hold: a prompt of --data.max-prompt-length (or an env's first
+    observation after a shorter one) plus --rollout.max-tokens, never past the model's positions."""
+    wanted, limit = cfg.data.max_prompt_length + cfg.rollout.max_tokens, _positions(cfg.model.path)
+    return wanted if limit is None else min(wanted, limit)
+
+
+def _positions(path: str) -> int | None:
+    """`max_position_embeddings` of --model.path (None when unknown: loading it reports what is wrong)."""
+    try:
+        config = _model_config(path)
+    except ConfigError:
+        return None
     limit = getattr(config, "max_position_embeddings", None)
-    d, r = cfg.data, cfg.rollout
-    total = d.max_prompt_length + r.max_tokens
-    if isinstance(limit, int) and total > limit:
-        raise ConfigError(
-            f"--data.max-prompt-length {d.max_prompt_length} + --rollout.max-tokens {r.max_tokens} = {total} tokens, "
-            f"beyond the {limit} positions of --model.path {cfg.model.path} (max_position_embeddings); lower "
-            f"--rollout.max-tokens or --data.max-prompt-length so that they sum to at most {limit}"
-        )
+    return limit if isinstance(limit, int) else None
 
 
 def _model_config(path: str) -> Any:
@@ -221,7 +259,7 @@ def _vllm_engine(cfg: Config, model: Any, tokenizer: Any) -> Any:
             path,
             dtype=cfg.model.dtype,
             seed=cfg.trainer.seed,
-            max_model_len=cfg.data.max_prompt_length + cfg.rollout.max_tokens,
+            max_model_len=_engine_context(cfg),
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
             bucket_bytes=sync_bucket_bytes(cfg),
             lora_rank=cfg.model.lora_rank,

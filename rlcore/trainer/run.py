@@ -151,7 +151,6 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm]:
     validate(cfg, world_size=info.world_size)
     models.check_engine(cfg, info)
     models.check_mesh(cfg)
-    models.check_context(cfg)
     agent_files = agents.load_agent_files(cfg)  # a bad env / tools file stops here, before any model loads
     p = cfg.pipeline
     placement = place(info, split=p.placement == "split", rollout_ranks=p.rollout_ranks, tp=cfg.trainer.tp,
@@ -163,9 +162,11 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm]:
     torch.manual_seed(cfg.trainer.seed)
     algorithm = build_algorithm(cfg)
     out_dir = Path(cfg.out_dir or f"runs/{cfg.preset}-{datetime.now():%Y%m%d-%H%M%S}")
-    # a rollout rank of split placement loads the engine's own copy of the policy instead
-    model, tokenizer = models.build_policy(cfg, placement) if trains else models.build_engine_copy(cfg, dist)
+    tokenizer = models.tokenizer_of(cfg)
     train_ds, val_ds = _datasets(cfg, tokenizer, agents.prompt_tools(agent_files, tokenizer))
+    models.check_context(cfg, {ds.name: ds.prompt_lengths() for ds in (train_ds, val_ds) if ds is not None})
+    # a rollout rank of split placement loads the engine's own copy of the policy instead
+    model = models.build_policy(cfg, placement) if trains else models.build_engine_copy(cfg, dist)
     sources = sorted({row.data_source for ds in (train_ds, val_ds) if ds is not None for row in ds.rows})
     r = cfg.reward
     if cfg.rollout.env is not None:  # an env scores its episodes: a reward function only where one exists

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import torch
+from rlcore.dist.reduce import world_max
 
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 DEFERRABLE = (signal.SIGINT, *PREEMPT_SIGNALS)
@@ -93,14 +93,7 @@ def handling(*, grace_s: float, newest: Any, at_once: bool = False) -> Iterator[
 def preempt_requested(group: Any = None) -> bool:
     """Whether any rank (of `group`, default the world) received a preemption signal: a collective
     every rank calls at the same point of each step, so they all stop after the same step."""
-    flag = 1 if _SIGNALLED else 0
-    if not torch.distributed.is_initialized():
-        return bool(flag)
-    backend = torch.distributed.get_backend(group)
-    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-    value = torch.tensor([flag], device=device)
-    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX, group=group)
-    return bool(value.item())
+    return world_max([1 if _SIGNALLED else 0], group) == [1]
 
 
 def exit_at_once_on_sigint() -> None:

@@ -1,4 +1,4 @@
-"""reduce_metrics on 2 gloo ranks: the logged metrics are the global ones, identical on every rank."""
+"""reduce_metrics on 2 gloo ranks: the logged metrics are the global ones, identical on every rank; the\nstart-up context check decided alike on every rank."""
 
 from __future__ import annotations
 
@@ -13,3 +13,12 @@ def test_metrics_are_reduced_as_named_over_ranks(tmp_path) -> None:
     assert got[0] == got[1]
     # rank 0: a 1, b_max 0, c/min 5, d/max -1, only_rank0 7; rank 1: a 2, b_max 10, c/min 4, d/max -2
     assert got[0] == {"a": 1.5, "b_max": 10.0, "c/min": 4.0, "d/max": -1.0, "only_rank0": 7.0}
+
+
+def test_the_context_check_is_decided_alike_on_every_rank(tmp_path) -> None:
+    """A prompt only rank 1 holds (200 tokens, beside 1900 of 2048 positions) stops both ranks, with the
+    same line (without the reduction rank 0 would go on and wait for rank 1 forever)."""
+    workers.spawn("context_worker", tmp_path)
+    said = [(tmp_path / f"context{r}.txt").read_text() for r in (0, 1)]
+    assert said[0] == said[1], said
+    assert "too few for 1 prompt (1 of --data.train-files) beside --rollout.max-tokens 1900: the longest is 200" in said[0]

@@ -183,6 +183,25 @@ def reduce_metrics_worker(rank: int, directory: Path) -> None:
     (directory / f"reduced{rank}.json").write_text(json.dumps(reduce_metrics(local, mesh)))
 
 
+def context_worker(rank: int, directory: Path) -> None:
+    """Only rank 1 holds a prompt too long for builtin:tiny-reverse's 2048 positions beside 1900 tokens;
+    every rank writes what `check_context` said."""
+    import dataclasses
+
+    from configs import PRESETS, ConfigError
+    from rlcore.trainer.models import check_context
+
+    cfg = PRESETS["grpo"][1]
+    cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, max_tokens=1900))
+    lengths = {"--data.train-files": [10, 20] + ([200] if rank == 1 else [])}
+    try:
+        check_context(cfg, lengths)
+        said = "fits"
+    except ConfigError as e:
+        said = str(e)
+    (directory / f"context{rank}.txt").write_text(said)
+
+
 def transfer_worker(rank: int, directory: Path) -> None:
     """Rank 0 sends two batches (one blocking, one async with a collective in between); rank 1 saves them."""
     from rlcore.dist.transfer import recv_batch, send_batch

@@ -163,6 +163,9 @@ def _child(request: dict) -> None:
         if request.get("whole_env"):
             os.environ.clear()
         os.environ.update(request["env"])
+        # Ctrl-C is a KeyboardInterrupt, as in `python train.py` from a terminal, even when the tests were
+        # started where SIGINT is ignored (a shell's background job), a disposition children inherit
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         limit = request["file_size_limit"]
         if limit is not None:
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

@@ -94,7 +94,7 @@ CASES = [  # (case, flags, the error line after "error: ")
     ("reward returns NaN", ["--reward.custom", "{d}/nan_reward.py:compute_score", "--trainer.val-every", "0"],
      "step 1: the reward failed on 16 of 16 samples in this step (16 raised, 0 timed out after 10.0 s), more than max_error_rate=0.5; first error: ValueError: the reward function returned a non-finite score nan. Fix the reward function, or raise --reward.max-error-rate / --reward.timeout-s"),
     ("responses past the model's positions", ["--rollout.max-tokens", "4000"],
-     "--data.max-prompt-length 512 + --rollout.max-tokens 4000 = 4512 tokens, beyond the 2048 positions of --model.path builtin:tiny-reverse (max_position_embeddings); lower --rollout.max-tokens or --data.max-prompt-length so that they sum to at most 2048"),
+     "--model.path builtin:tiny-reverse has 2048 positions (max_position_embeddings), too few for 24 prompts (16 of --data.train-files and 8 of --data.val-files) beside --rollout.max-tokens 4000: the longest is 18 tokens, 18 + 4000 = 4018; use --rollout.max-tokens 2030"),
     ("tensor parallel in one process", ["--trainer.tp", "2"],
      "--trainer.tp 2: dp_shard(0) * tp(2) != world size (1): every factor must be >= 1 and their product must divide the number of processes"),
     ("bad choice", ["--data.overlong", "bogus"],
@@ -194,7 +194,7 @@ CASES = [  # (case, flags, the error line after "error: ")
     ("model directory without config.json", ["--model.path", "{d}/no_config"],
      "--model.path: model path '{d}/no_config' has no config.json; it is not a Hugging Face model directory"),
     ("model config not JSON", ["--model.path", "{d}/bad_config"],
-     "--model.path: model path '{d}/bad_config': cannot load the model (It looks like the config file at "
+     "--model.path: model path '{d}/bad_config': cannot load the tokenizer (It looks like the config file at "
      "'{d}/bad_config/config.json' is not a valid JSON file.)"),
     ("unknown built-in model", ["--model.path", "builtin:nope"],
      "--model.path: unknown built-in model builtin:nope; choose one of …"),

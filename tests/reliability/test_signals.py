@@ -29,7 +29,13 @@ def _start(args: list[str], out: Path, *, nproc: int = 1, env: dict | None = Non
                                                     "--nproc_per_node", str(nproc)]  # fmt: skip
     return subprocess.Popen([*launcher, str(ROOT / "train.py"), *args, "--out-dir", str(out)], cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ | ENV | (env or {}),
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True, preexec_fn=_default_sigint)  # fmt: skip
+
+
+def _default_sigint() -> None:
+    """In the child before it runs: SIGINT's default disposition, so that Python makes it KeyboardInterrupt
+    even when the tests run where it is ignored (a shell's background job; children inherit SIG_IGN)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _wait_for_step(proc: subprocess.Popen, out: Path, step: int, timeout: float = 180) -> None:
@@ -214,6 +220,7 @@ def test_deferred_holds_signals_until_the_block_ends():
     from rlcore.trainer.signals import deferred
 
     seen, previous = [], signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(signum))
+    interrupt = signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever pytest was started with
     try:
         with pytest.raises(KeyboardInterrupt), deferred(second_sigint=lambda: seen.append("second")):
             os.kill(os.getpid(), signal.SIGUSR1)
@@ -229,3 +236,4 @@ def test_deferred_holds_signals_until_the_block_ends():
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
     finally:
         signal.signal(signal.SIGUSR1, previous)
+        signal.signal(signal.SIGINT, interrupt)

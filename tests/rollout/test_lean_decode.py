@@ -221,6 +221,10 @@ def test_other_architectures_and_configs_keep_the_hugging_face_step():
 def test_compiled_lean_step_samples_as_the_eager_one():
     """torch.compile of the lean step (CPU inductor, dynamic rows and length: compiled once for the
     call, rows dropped as they finish) decodes the same tokens and log-probs (~40 s of compiling)."""
+    from rlcore.rollout.toolchain import cpu_compile_problem
+
+    if cpu_compile_problem():
+        pytest.skip(cpu_compile_problem())
     model = build("qwen3")
     batch = prompt_batch([4, 7, 3, 7])
     sp = SamplingParams(n=2, max_tokens=16, temperature=1.0, seed=7, stop_token_ids=tuple(range(3, 12)))

@@ -29,6 +29,18 @@ _PROCESS_STATE: dict[str, bool] = {}  # what the engine fixture saw around the c
 SKIP_REASON = f"vllm is not installed ({INSTALL_HINT})"
 
 
+def require_vllm() -> None:
+    """Skip where vLLM cannot run: not installed (CI's RLCORE_REQUIRE_VLLM=1 makes that a failure, in
+    `test_vllm_importable_when_required`), or torch installed under a path with a space, where no CPU
+    kernel links (`rlcore.rollout.toolchain`; the trainer refuses such runs with one line)."""
+    from rlcore.rollout.toolchain import cpu_compile_problem
+
+    require_vllm()
+    problem = cpu_compile_problem()
+    if problem:
+        pytest.skip(problem)
+
+
 # -- fixtures and references ------------------------------------------------------------------------
 
 
@@ -64,7 +76,7 @@ def policy64(policy: tuple[torch.nn.Module, object, str]) -> torch.nn.Module:
 
 @pytest.fixture(scope="module")
 def engine(policy: tuple[torch.nn.Module, object, str]):
-    pytest.importorskip("vllm", reason=SKIP_REASON)
+    require_vllm()
     from rlcore.rollout.vllm_engine import VLLMEngine
 
     rng, set_num_threads = torch.get_rng_state(), torch.set_num_threads
@@ -187,7 +199,7 @@ def test_logprob_gap_by_hand() -> None:
 
 
 def test_cpu_rejects_unsupported_head_dim(tmp_path) -> None:
-    pytest.importorskip("vllm", reason=SKIP_REASON)
+    require_vllm()
     from rlcore.rollout.vllm_engine import VLLMEngine
 
     model, tokenizer = load_policy("builtin:tiny")  # head_dim 96 / 4 = 24
@@ -364,7 +376,7 @@ TRAIN_ARGS = [
 
 
 def test_cpu_head_dims_are_vllms() -> None:
-    pytest.importorskip("vllm", reason=SKIP_REASON)
+    require_vllm()
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
     from rlcore.rollout.vllm_engine import CPU_HEAD_DIMS
@@ -378,7 +390,7 @@ def test_train_py_rolls_out_on_vllm_with_weights_synced_every_step(ranks: int | 
     FSDP2 or split by --trainer.tp 2): after each update the weights are pushed, gathered whole, so
     vLLM's log-probs stay the trainer's (without the push: ~0.1 off; pushed one bucket per call, as
     before issue 24, with these one-tensor buckets: NaN)."""
-    pytest.importorskip("vllm", reason=SKIP_REASON)
+    require_vllm()
     from tests.smoke.test_torchrun import ROOT, torchrun
 
     scratch = tmp_path / "tmp"  # the engine's temporary model and cache directories go here
@@ -407,7 +419,7 @@ def test_train_py_rolls_out_on_vllm_with_weights_synced_every_step(ranks: int | 
 def test_train_py_warns_at_step_1_when_the_engine_runs_another_policy(tmp_path) -> None:
     """The rollout/trainer gap check: with the issue-24 sync (one load_weights per bucket, injected by
     RLCORE_TEST_SYNC_PER_BUCKET) vLLM runs half-loaded layers and step 1 says so in one line."""
-    pytest.importorskip("vllm", reason=SKIP_REASON)
+    require_vllm()
     from tests.smoke.test_torchrun import ROOT
 
     env = os.environ | {"TRANSFORMERS_VERBOSITY": "error", "RLCORE_TEST_SYNC_PER_BUCKET": "1"}

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import copy
 
-import pytest
 import torch
 
 from rlcore.models.lora import apply_lora, save_adapter
 from rlcore.pure import token_logprobs
 from rlcore.rollout.base import SamplingParams
-from tests.rollout.test_vllm_engine import SKIP_REASON, make_prompts, policy, teacher_forced_logits  # noqa: F401
+from tests.rollout.test_vllm_engine import make_prompts, policy, require_vllm, teacher_forced_logits  # noqa: F401
 
 TEXTS = ["abc", "hello world", "12+34="]
 
@@ -33,7 +32,7 @@ def sampled_logprobs_gap(model: torch.nn.Module, out) -> float:
 
 
 def test_vllm_samples_from_each_adapter_version_it_is_given(policy, tmp_path) -> None:  # noqa: F811
-    pytest.importorskip("vllm", reason=SKIP_REASON)
+    require_vllm()
     from rlcore.rollout.vllm_engine import VLLMEngine
 
     base, tokenizer, directory = policy
@@ -61,7 +60,7 @@ def test_vllm_samples_from_each_adapter_version_it_is_given(policy, tmp_path) ->
 def test_train_py_pushes_the_adapter_to_vllm_every_step(tmp_path) -> None:
     """LoRA with --rollout.engine vllm: vLLM starts from the base weights and gets each new adapter
     version as a LoRA request; its log-probs stay the trainer's (adapted) ones at every step."""
-    pytest.importorskip("vllm", reason=SKIP_REASON)
+    require_vllm()
     import os
     import subprocess
     import sys

