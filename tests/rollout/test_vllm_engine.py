@@ -35,7 +35,7 @@ def require_vllm() -> None:
     kernel links (`rlcore.rollout.toolchain`; the trainer refuses such runs with one line)."""
     from rlcore.rollout.toolchain import cpu_compile_problem
 
-    require_vllm()
+    pytest.importorskip("vllm", reason=SKIP_REASON)
     problem = cpu_compile_problem()
     if problem:
         pytest.skip(problem)
