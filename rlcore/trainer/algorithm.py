@@ -1,4 +1,5 @@
-"""The shell's binding of a Config to the library's values: the Algorithm, the update plans, the optimizers.
+"""The shell's binding of a Config to the library's values: the Algorithm and the StepPlan (`bind`), the
+update plans, the optimizers.
 
 Hyper-parameters reach a table entry (`rlcore.pure.advantages.ESTIMATORS`,
 `rlcore.pure.losses.POLICY_LOSSES`) by name: a keyword parameter of the entry named like an `--algo`
@@ -14,8 +15,11 @@ import inspect
 from functools import partial
 from typing import Any
 
+import torch
+
 from configs import FULL_LR, AlgoConfig, Config, CriticConfig, OptimConfig, corrects
 from rlcore.algorithm import ESTIMATOR_INPUTS, Algorithm, parameters
+from rlcore.plan import ForwardPlan, KLControl, StepPlan
 from rlcore.pure.advantages import ESTIMATORS
 from rlcore.pure.losses import POLICY_LOSSES, value_loss
 from rlcore.steps import correction_step
@@ -42,6 +46,31 @@ def on_policy(cfg: Config) -> bool:
     corrected = corrects(a) or a.bypass  # the old log-probs come before the update
     one_update = a.ppo_epochs == 1 and a.mini_batch_size in (None, cfg.data.batch_size)
     return one_update and a.kl_coef == 0 and not corrected
+
+
+def bind(cfg: Config) -> tuple[Algorithm, StepPlan]:
+    """The run's Algorithm and StepPlan: everything a step needs from the config, bound once."""
+    return build_algorithm(cfg), step_plan(cfg)
+
+
+def step_plan(cfg: Config) -> StepPlan:
+    """The StepPlan of --rollout, --algo, --critic, --model.compute-dtype and --trainer.seed."""
+    a = cfg.algo
+    forward = ForwardPlan(temperature=cfg.rollout.temperature, micro_batch_size=a.micro_batch_size,
+                          max_tokens=a.max_tokens_per_micro_batch, share_prompts=a.share_prompts,
+                          compute_dtype=getattr(torch, cfg.model.compute_dtype))  # fmt: skip
+    kl = KLControl(
+        adaptive=a.kl_coef > 0 and a.kl_ctrl == "adaptive", target=a.kl_target, horizon=a.kl_horizon
+    )
+    return StepPlan(forward=forward, actor=actor_plan(cfg), critic=critic_plan(cfg),
+                    critic_warmup=cfg.critic.critic_warmup, kl=kl, horizon=cfg.rollout.max_tokens,
+                    batch_size=cfg.data.batch_size,
+                    seed=cfg.trainer.seed, needs_ref=needs_ref(cfg))  # fmt: skip
+
+
+def needs_ref(cfg: Config) -> bool:
+    """Whether the step needs reference log-probs (a KL penalty in the reward or a KL loss)."""
+    return cfg.algo.kl_coef > 0 or cfg.algo.use_kl_loss
 
 
 def build_algorithm(cfg: Config) -> Algorithm:

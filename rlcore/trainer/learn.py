@@ -1,9 +1,9 @@
-"""One step's learning: `learn(state, handles, algorithm, batch) -> (state, metrics, batch)`.
+"""One step's learning: `learn(state, handles, algorithm, plan, batch) -> (state, metrics, batch)`.
 
 Old and reference log-probs, values, KL penalty and advantages, then the critic's and the actor's
 updates (`rlcore.update.run_updates`, the one update loop), then the adaptive KL controller on the
-KL of the global batch. The model passes run under --model.compute-dtype (`compute_precision`); the
-advantage math does not. The engine sleeps meanwhile (the caller's job).
+KL of the global batch. Every number comes from the `StepPlan` (rlcore.plan), none from a config. The
+model passes run under the plan's compute dtype (`compute_precision`); the advantage math does not. The engine sleeps meanwhile (the caller's job).
 """
 
 from __future__ import annotations
@@ -14,24 +14,38 @@ import functools
 import math
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from rlcore.algorithm import Algorithm
 from rlcore.batch import Batch
 from rlcore.critic import compute_values, critic_update
+from rlcore.dist.mesh import DistInfo
 from rlcore.dist.reduce import all_reduce
+from rlcore.plan import KLControl, StepPlan
 from rlcore.pure.kl import adaptive_kl_coef
 from rlcore.rollout.vllm_engine import logprob_gap  # vllm itself is imported lazily
 from rlcore.state import TrainState
 from rlcore.steps import advantage_step, logprob_step
 from rlcore.trainer import faults
-from rlcore.trainer.algorithm import actor_plan, critic_plan
 from rlcore.trainer.collect import step_seed
-from rlcore.trainer.models import compute_precision
 from rlcore.trainer.phases import phase
 from rlcore.update import update_step
+
+
+class Passes(Protocol):
+    """What `learn` uses besides the state: where it runs and the frozen reference (the run's `Handles`
+    have these; a script passes any object that does)."""
+
+    @property
+    def dist(self) -> DistInfo: ...  # this rank's device and the world size
+    @property
+    def mesh(self) -> DeviceMesh | None: ...  # the data-parallel mesh the updates reduce over
+    @property
+    def ref_model(self) -> nn.Module | None: ...  # None: no KL, or LoRA's adapter-disabled actor
 
 
 class TrainingDiverged(RuntimeError):
@@ -39,14 +53,14 @@ class TrainingDiverged(RuntimeError):
 
 
 def learn(
-    state: TrainState, h: Any, algorithm: Algorithm, batch: Batch
+    state: TrainState, h: Passes, algorithm: Algorithm, plan: StepPlan, batch: Batch
 ) -> tuple[TrainState, dict[str, Any], Batch]:
     """Old/reference log-probs, values, advantages, then the critic and actor updates of one step; the
     batch comes back with what the step computed for it (old/ref log-probs, values, advantages)."""
-    cfg, step, metrics = h.cfg, state.step + 1, {}
-    amp = functools.partial(compute_precision, cfg, h.dist.device)  # the model passes' precision
-    forward = {"temperature": cfg.rollout.temperature, "micro_batch_size": cfg.algo.micro_batch_size,
-               "max_tokens": cfg.algo.max_tokens_per_micro_batch, "share_prompts": cfg.algo.share_prompts}  # fmt: skip
+    step, metrics, forward = state.step + 1, {}, plan.forward.forward_kwargs()
+    amp = functools.partial(
+        compute_precision, plan.forward.compute_dtype, h.dist.device
+    )  # the passes' precision
     if algorithm.bypass:  # the rollout's log-probs are the old policy: no recompute pass
         batch = batch.with_(old_logprobs=batch["rollout_logprobs"], overwrite=True)
     elif not algorithm.on_policy:  # else the update's own forward gives them (and the rollout gap)
@@ -56,45 +70,54 @@ def learn(
     if algorithm.correction is not None:  # IS weights, rejected units out of the mask (before advantages)
         batch, corr = algorithm.correction(batch)
         metrics |= corr
-    if algorithm_needs_ref(cfg):
+    if plan.needs_ref:
         with amp(), phase("ref_logprobs"), reference(state, h) as ref:
             batch = logprob_step(ref, batch, key="ref_logprobs", **forward)
     if state.critic is not None:
         with amp(), phase("values"):
-            values = compute_values(state.critic.model, batch, micro_batch_size=cfg.algo.micro_batch_size,
-                                    share_prompts=cfg.algo.share_prompts)  # fmt: skip
+            values = compute_values(state.critic.model, batch, micro_batch_size=plan.forward.micro_batch_size,
+                                    share_prompts=plan.forward.share_prompts)  # fmt: skip
         batch = batch.with_(values=values)
     with phase("advantages"):
         batch, am = advantage_step(batch, algorithm, kl_coef=state.kl_coef)
     batch = faults.poison(batch, step)  # test-only NaN injection (RLCORE_TEST_NAN_AT_STEPS)
     metrics |= am
     update_started = time.perf_counter()
-    horizon = cfg.rollout.max_tokens
     if state.critic is not None:
         with amp(), phase("critic_update"):
-            critic, cm = critic_update(state.critic, batch, algorithm.value_loss_fn, critic_plan(cfg), mesh=h.mesh,
-                                       horizon=horizon)  # fmt: skip
+            critic, cm = critic_update(state.critic, batch, algorithm.value_loss_fn, plan.critic, mesh=h.mesh,
+                                       horizon=plan.horizon)  # fmt: skip
         state, metrics = dataclasses.replace(state, critic=critic), metrics | cm
-        if step <= cfg.critic.critic_warmup:  # only the critic learns during its warm-up
+        if step <= plan.critic_warmup:  # only the critic learns during its warm-up
             return state, metrics, batch
     with amp(), phase("update"):
-        actor, um = update_step(state.actor, batch, algorithm, actor_plan(cfg), mesh=h.mesh, horizon=horizon,
-                                temperature=cfg.rollout.temperature, seed=step_seed(cfg.trainer.seed, step, "loss"))  # fmt: skip
+        actor, um = update_step(
+            state.actor,
+            batch,
+            algorithm,
+            plan.actor,
+            mesh=h.mesh,
+            horizon=plan.horizon,
+            temperature=plan.forward.temperature,
+            seed=step_seed(plan.seed, step, "loss"),
+        )
     metrics |= um
     metrics["timing/update_s"] = time.perf_counter() - update_started
     kl_coef = state.kl_coef
-    if cfg.algo.kl_coef > 0 and cfg.algo.kl_ctrl == "adaptive":
-        kl_coef = next_kl_coef(h, kl_coef, metrics["actor/reward_kl_penalty"], rows=len(batch))
+    if plan.kl.adaptive:
+        kl_coef = next_kl_coef(h, kl_coef, metrics["actor/reward_kl_penalty"], plan.kl, rows=len(batch))
     return dataclasses.replace(state, actor=actor, kl_coef=kl_coef), metrics, batch
 
 
-def algorithm_needs_ref(cfg: Any) -> bool:
-    """Whether the step needs reference log-probs (a KL penalty in the reward or a KL loss)."""
-    return cfg.algo.kl_coef > 0 or cfg.algo.use_kl_loss
+def compute_precision(dtype: torch.dtype, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """The model passes' precision: torch.autocast to `dtype` (--model.compute-dtype), or a null context."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
 
 
 @contextlib.contextmanager
-def reference(state: TrainState, h: Any) -> Iterator[Any]:
+def reference(state: TrainState, h: Passes) -> Iterator[nn.Module]:
     """The reference policy: the frozen copy, or (LoRA) the actor itself with its adapter disabled."""
     if h.ref_model is not None:
         yield h.ref_model
@@ -105,14 +128,13 @@ def reference(state: TrainState, h: Any) -> Iterator[Any]:
         yield state.actor.model
 
 
-def next_kl_coef(h: Any, coef: float, local_kl: torch.Tensor, *, rows: int) -> float:
+def next_kl_coef(h: Passes, coef: float, local_kl: torch.Tensor, control: KLControl, *, rows: int) -> float:
     """The adaptive controller's next coefficient from the KL of the global batch (ranks hold equal rows:
     the mean of the ranks' means), with verl's n_steps = the step's batch size over all ranks."""
     world = h.dist.world_size
     observed = all_reduce(local_kl.to(h.dist.device), h.mesh) / world
-    a = h.cfg.algo
     return float(
-        adaptive_kl_coef(coef, observed.cpu(), rows * world, target=a.kl_target, horizon=a.kl_horizon)
+        adaptive_kl_coef(coef, observed.cpu(), rows * world, target=control.target, horizon=control.horizon)
     )
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,13 +14,6 @@ from rlcore.models.policy import load_model, load_tokenizer
 from rlcore.trainer import faults
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def compute_precision(cfg: Config, device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    """The trainer passes' precision: torch.autocast to --model.compute-dtype, or a null context."""
-    if cfg.model.compute_dtype == "float32":
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=DTYPES[cfg.model.compute_dtype])
 
 
 def tokenizer_of(cfg: Config) -> Any:

@@ -1,12 +1,13 @@
 """The training run as a short story: build → loop → close. Used by train.py.
 
-    state, handles, algorithm = build(cfg)
+    state, handles, algorithm, plan = build(cfg)
     state = checkpoints.resume(state, handles)                     # --resume auto|none|PATH
-    state, metrics = train_step(state, handles, algorithm)        # one step, a new TrainState
+    state, metrics = train_step(state, handles, algorithm, plan)  # one step, a new TrainState
 
 `TrainState` (rlcore.state) is everything a step changes; `Handles` are what a step uses but does not
 change (the engine, the reward scorer, the datasets, the logger, the mesh, the frozen reference);
-`Algorithm` (rlcore.algorithm) is the run's pure callables, bound once from the config.
+`Algorithm` (rlcore.algorithm) is the run's pure callables and `StepPlan` (rlcore.plan) the numbers
+around them, both bound once from the config (`rlcore.trainer.algorithm.bind`).
 """
 
 from __future__ import annotations
@@ -29,17 +30,18 @@ from rlcore.data.sources import read_sources
 from rlcore.dist.mesh import close_distributed, init_distributed
 from rlcore.dist.placement import Placement, as_world, place
 from rlcore.dist.reduce import all_reduce_int, reduce_metrics
+from rlcore.plan import StepPlan
 from rlcore.rewards.custom import RewardSpecError
 from rlcore.rewards.dispatch import find_reward
 from rlcore.rewards.pool import RewardError, RewardScorer
 from rlcore.rollout.env import EnvSpecError
 from rlcore.state import Rollout, TrainState
 from rlcore.trainer import agents, checkpoints, faults, models, signals, split
-from rlcore.trainer.algorithm import actor_plan, build_algorithm
+from rlcore.trainer.algorithm import bind
 from rlcore.trainer.collect import fill, staleness, step_seed, this_rank
 from rlcore.trainer.errors import StopRun, reason
 from rlcore.trainer.health import check_health
-from rlcore.trainer.learn import TrainingDiverged, algorithm_needs_ref, check_bad_updates, learn
+from rlcore.trainer.learn import TrainingDiverged, check_bad_updates, learn
 from rlcore.trainer.logger import MetricsLogger, gpu_free_mb, read_metrics
 from rlcore.trainer.phases import (
     StepProfiler,
@@ -92,7 +94,7 @@ def run(cfg: Config) -> int:
     """Train to the end; user errors print one line and return 2, a diverged run 3."""
     cfg = resolved(cfg)  # defaults that depend on other flags (the LoRA learning rate)
     try:
-        state, h, algorithm = build(cfg)
+        state, h, algorithm, plan = build(cfg)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         close_distributed()
@@ -105,7 +107,7 @@ def run(cfg: Config) -> int:
     try:
         with signals.handling(grace_s=cfg.trainer.preempt_grace_s, newest=lambda: checkpoints.newest(checkpoint_dir),
                               at_once=h.placement.split):  # fmt: skip
-            state = loop(state, h, algorithm)
+            state = loop(state, h, algorithm, plan)
         faults.dump_state(state, h)  # test-only (RLCORE_TEST_DUMP_STATE)
     except StopRun as e:  # disk trouble, an unusable checkpoint: the user's to fix
         print(f"error: {e}", file=sys.stderr, flush=True)
@@ -143,7 +145,7 @@ def run(cfg: Config) -> int:
 # ---------------------------------------------------------------- build
 
 
-def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm]:
+def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm, StepPlan]:
     try:
         info = init_distributed(cfg.trainer.device)
     except ValueError as e:
@@ -160,7 +162,7 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm]:
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(cfg.trainer.seed)
-    algorithm = build_algorithm(cfg)
+    algorithm, plan = bind(cfg)
     out_dir = Path(cfg.out_dir or f"runs/{cfg.preset}-{datetime.now():%Y%m%d-%H%M%S}")
     tokenizer = models.tokenizer_of(cfg)
     train_ds, val_ds = _datasets(cfg, tokenizer, agents.prompt_tools(agent_files, tokenizer))
@@ -174,7 +176,7 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm]:
     scorer = RewardScorer(r.custom, data_sources=sources, num_workers=r.num_workers, timeout_s=r.timeout_s,
                           failure_score=r.failure_score, max_error_rate=r.max_error_rate,
                           math_verifier=r.math_verifier) if generates else None  # fmt: skip
-    needs_ref = algorithm_needs_ref(cfg) and trains
+    needs_ref = plan.needs_ref and trains
     ref_model = models.build_reference(cfg, placement) if needs_ref else None
     actor = models.build_state(cfg, model, dist) if trains else None
     engine = None
@@ -199,7 +201,7 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm]:
                 train_ds=train_ds, val_ds=val_ds, scorer=scorer, engine=engine, ref_model=ref_model, logger=logger,
                 samples=samples,
                 outbox=split.Outbox() if placement.role == "trainer" else None)  # fmt: skip
-    return state, h, algorithm
+    return state, h, algorithm, plan
 
 
 def _datasets(
@@ -246,13 +248,13 @@ def report_data(cfg: Config, train: PromptDataset, val: PromptDataset | None, lo
 # ---------------------------------------------------------------- loop
 
 
-def loop(state: TrainState, h: Handles, algorithm: Algorithm) -> TrainState:
+def loop(state: TrainState, h: Handles, algorithm: Algorithm, plan: StepPlan) -> TrainState:
     """The training loop; on a rollout rank of split placement, the rollout loop that feeds it. Both run
     under the hang watchdog (--trainer.hang-timeout-s)."""
     with watching(_watchdog(h.cfg)):
         if not h.placement.trains:
             return split.rollout_loop(state, h, algorithm, validate=_validation)
-        return _train_loop(state, h, algorithm)
+        return _train_loop(state, h, algorithm, plan)
 
 
 def _watchdog(cfg: Config) -> Watchdog | None:
@@ -269,7 +271,7 @@ def _world_size() -> int:
     return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
 
 
-def _train_loop(state: TrainState, h: Handles, algorithm: Algorithm) -> TrainState:
+def _train_loop(state: TrainState, h: Handles, algorithm: Algorithm, plan: StepPlan) -> TrainState:
     cfg = h.cfg
     state = checkpoints.resume(state, h)
     start_engine(state, h)
@@ -282,7 +284,7 @@ def _train_loop(state: TrainState, h: Handles, algorithm: Algorithm) -> TrainSta
     while state.step < cfg.trainer.steps:
         at_step(state.step + 1)
         profiler.before(state.step + 1)
-        state, metrics = train_step(state, h, algorithm)
+        state, metrics = train_step(state, h, algorithm, plan)
         step = state.step
         update = {k: v for k, v in metrics.items() if k.startswith("actor/")}
         last_finite = check_bad_updates(
@@ -320,10 +322,12 @@ def _preempted(state: TrainState, h: Handles, *, saved: bool) -> None:
     raise signals.Preempted(state.step, h.out_dir / "checkpoints" / f"step_{state.step}")
 
 
-def train_step(state: TrainState, h: Handles, algorithm: Algorithm) -> tuple[TrainState, dict[str, float]]:
+def train_step(
+    state: TrainState, h: Handles, algorithm: Algorithm, plan: StepPlan
+) -> tuple[TrainState, dict[str, float]]:
     """Rollout and rewards, then (the engine asleep) log-probs, advantages and updates, then weight sync."""
     if h.cfg.algo.objective == "sft":
-        return sft_step(state, h, algorithm)
+        return sft_step(state, h, algorithm, plan)
     started, step = time.perf_counter(), state.step + 1
     rollout, state, metrics = next_rollout(state, h, algorithm)
     batch = rollout.batch
@@ -343,7 +347,7 @@ def train_step(state: TrainState, h: Handles, algorithm: Algorithm) -> tuple[Tra
         if free is not None:  # CUDA: what the engine's sleep gave back to the device (vLLM's pools too)
             metrics["perf/gpu_sleep_freed_mb"] = gpu_free_mb() - free
     try:
-        state, learned, batch = learn(state, h, algorithm, batch)
+        state, learned, batch = learn(state, h, algorithm, plan, batch)
         h.samples.write(step, batch)
         faults.kill_point(step, "update")
     finally:
@@ -359,13 +363,17 @@ def train_step(state: TrainState, h: Handles, algorithm: Algorithm) -> tuple[Tra
     )
 
 
-def sft_step(state: TrainState, h: Handles, algorithm: Algorithm) -> tuple[TrainState, dict[str, float]]:
+def sft_step(
+    state: TrainState, h: Handles, algorithm: Algorithm, plan: StepPlan
+) -> tuple[TrainState, dict[str, float]]:
     """One supervised step (objective sft): teacher-forced targets, NLL through the update loop."""
-    cfg, started, step = h.cfg, time.perf_counter(), state.step + 1
-    drawn, cursor = h.train_ds.take(state.cursor, cfg.data.batch_size)
+    started, step = time.perf_counter(), state.step + 1
+    drawn, cursor = h.train_ds.take(state.cursor, plan.batch_size)
     batch = sft_batch(this_rank(h, drawn), h.tokenizer)
-    actor, metrics = update_step(state.actor, batch, dataclasses.replace(algorithm, on_policy=False), actor_plan(cfg),
-                                 mesh=h.mesh, horizon=cfg.rollout.max_tokens)  # fmt: skip
+    teacher_forced = dataclasses.replace(algorithm, on_policy=False)
+    actor, metrics = update_step(
+        state.actor, batch, teacher_forced, plan.actor, mesh=h.mesh, horizon=plan.horizon
+    )
     metrics["sft/nll"] = metrics["actor/pg_loss"]
     metrics["response/length_mean"] = float(batch["response_mask"].sum(-1).float().mean())
     state, synced = push(
