@@ -20,6 +20,7 @@ from torch import Tensor
 
 from rlcore.algorithm import Algorithm
 from rlcore.batch import Batch
+from rlcore.pure import corrections
 from rlcore.pure.corrections import is_weights, offpolicy_metrics, rejection_mask, veto_mask
 from rlcore.pure.kl import apply_kl_penalty
 from rlcore.pure.masks import masked_mean
@@ -33,6 +34,7 @@ __all__ = [
     "estimator_kwargs",
     "filter_groups",
     "group_ids",
+    "logprob_gap",
     "logprob_step",
     "rollout_step",
     "score_step",
@@ -86,6 +88,19 @@ def logprob_step(model: Any, batch: Batch, *, key: str = "old_logprobs", **forwa
 
     logprobs, _ = compute_logprobs(model, batch, **forward_kw)
     return batch.with_(**{key: logprobs}, overwrite=True)
+
+
+def logprob_gap(batch: Batch, trainer_logprobs: Tensor) -> dict[str, Tensor]:
+    """How far the engine's log-probs are from the trainer's on the same tokens (0-dim tensors):
+    `rlcore.pure.corrections.logprob_gap` of `batch["rollout_logprobs"]` and `trainer_logprobs`, both
+    (b, t), on `batch["response_mask"]`, logged as `rollout/logprob_diff_mean` and `_max`."""
+    rollout = batch["rollout_logprobs"]
+    if trainer_logprobs.shape != rollout.shape:
+        raise ValueError(
+            f"trainer_logprobs shape {tuple(trainer_logprobs.shape)} != rollout_logprobs {tuple(rollout.shape)}"
+        )
+    gap = corrections.logprob_gap(rollout, trainer_logprobs, batch["response_mask"])
+    return {f"rollout/logprob_diff_{k}": v for k, v in gap.items()}
 
 
 def estimator_kwargs(algorithm: Algorithm, batch: Batch, rewards: Tensor) -> dict[str, Tensor]:

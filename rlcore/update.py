@@ -56,10 +56,10 @@ from rlcore.models.forward import (
     model_inputs,
     response_logprobs,
 )
-from rlcore.pure.corrections import is_weights
+from rlcore.pure.corrections import is_weights, logprob_gap
 from rlcore.pure.kl import kl_estimate
 from rlcore.pure.losses import aggregate
-from rlcore.pure.masks import apply_mask, masked_sum
+from rlcore.pure.masks import masked_sum
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -403,9 +403,8 @@ def actor_micro_loss(
     }
     metrics |= {f"actor/{k}": v.detach() * share for k, v in pg_metrics.items()}
     if algorithm.on_policy and "rollout_logprobs" in micro:  # the engine's log-probs vs these, as logprob_gap
-        gap = apply_mask((old - micro["rollout_logprobs"][:, :r]).abs(), mask)  # (m, r)
-        metrics["rollout/logprob_diff_mean"] = masked_sum(gap, mask) / norms["num_tokens"]
-        metrics["rollout/logprob_diff_max"] = gap.amax() if gap.numel() else gap.new_zeros(())
+        gap = logprob_gap(micro["rollout_logprobs"][:, :r], old, mask, num_tokens=norms["num_tokens"])
+        metrics |= {f"rollout/logprob_diff_{k}": v for k, v in gap.items()}
     if algorithm.kl_loss_coef > 0:
         kl = kl_estimate(logprob, micro["ref_logprobs"][:, :r], algorithm.kl_loss_kind)  # (m, r)
         kl_loss = aggregate(kl, mask, algorithm.loss_agg, **agg)

@@ -44,6 +44,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.optim import Optimizer
 
 from rlcore.dist import safe_dcp
+from rlcore.dist.mesh import group_rank
 
 _STEP = re.compile(r"^step_(\d+)$")
 COMPLETE = "COMPLETE"
@@ -62,10 +63,6 @@ def _trained(model: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in state.items() if k not in frozen}
 
 
-def _rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
 def _no_dist() -> bool:
     """One process without a process group: DCP then reads/writes everything itself."""
     return not (dist.is_available() and dist.is_initialized())
@@ -78,11 +75,6 @@ def _quiet_single_process():
         if _no_dist():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
         yield
-
-
-def _group_rank(group: Any) -> int:
-    """This rank's index in `group` (None: the default group); 0 without a process group."""
-    return dist.get_rank(group) if dist.is_available() and dist.is_initialized() else 0
 
 
 def _together(phase: Callable[[], None], group: Any = None) -> None:
@@ -164,7 +156,7 @@ def save_checkpoint(
     final, tmp = root / f"step_{step}", root / f"step_{step}.tmp"
     dcp_group = group if dcp_group is None else dcp_group
     text = json.dumps(dict(extra or {}), indent=1, sort_keys=True)  # fail early, on every rank
-    leads = _group_rank(group) == 0
+    leads = group_rank(group) == 0
 
     def prepare() -> None:
         if leads:
@@ -181,10 +173,10 @@ def save_checkpoint(
                     state = {"model": _trained(model, model_sd), "optim": optim_sd}
                 writer = _Writer(tmp / "dcp", during_write or (lambda: None))
                 dcp.save(state, storage_writer=writer, process_group=dcp_group, no_dist=_no_dist())
-            if _group_rank(dcp_group) == 0:
+            if group_rank(dcp_group) == 0:
                 (tmp / "extra.json").write_text(text)
         if tensors:
-            torch.save({k: v.detach().cpu() for k, v in tensors.items()}, tmp / f"tensors_rank{_rank()}.pt")
+            torch.save({k: v.detach().cpu() for k, v in tensors.items()}, tmp / f"tensors_rank{group_rank()}.pt")
         if before_commit is not None:
             before_commit()
 
@@ -220,7 +212,7 @@ def load_checkpoint(
     if model is not None:
         _load_model(path, model, optimizer, dcp_group)
     extra = json.loads((path / "extra.json").read_text()) if (path / "extra.json").is_file() else {}
-    rank_file = path / f"tensors_rank{_rank()}.pt"
+    rank_file = path / f"tensors_rank{group_rank()}.pt"
     tensors = torch.load(rank_file, weights_only=True) if rank_file.is_file() else {}
     return extra, tensors
 
@@ -258,7 +250,7 @@ def prune(directory: str | os.PathLike, keep_last: int) -> list[Path]:
     Returns the deleted paths (empty on other ranks). `keep_last <= 0` keeps everything.
     """
     root = Path(directory)
-    if _rank() != 0 or keep_last <= 0 or not root.is_dir():
+    if group_rank() != 0 or keep_last <= 0 or not root.is_dir():
         return []
     complete = [p for _, p in _steps(root) if (p / COMPLETE).is_file()]
     doomed = complete[:-keep_last]

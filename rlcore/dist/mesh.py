@@ -145,3 +145,13 @@ def close_distributed() -> None:
     """
     if _CREATED and dist.is_initialized():
         dist.destroy_process_group(_CREATED.pop())
+
+
+def group_rank(group: object = None) -> int:
+    """This process's index in `group` (None: the world); 0 without a process group."""
+    return dist.get_rank(group) if dist.is_available() and dist.is_initialized() else 0
+
+
+def group_size(group: object = None) -> int:
+    """The number of processes in `group` (None: the world); 1 without a process group."""
+    return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1

@@ -34,12 +34,9 @@ from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from rlcore.dist.mesh import group_rank
+
 BUCKET_BYTES = 256 * 2**20
-
-
-def _rank(group: Any = None) -> int:
-    """This rank's index in `group` (None: the default group); 0 without a process group."""
-    return dist.get_rank(group) if dist.is_available() and dist.is_initialized() else 0
 
 
 def _full_tensor(t: Tensor) -> Tensor:
@@ -79,7 +76,7 @@ def iter_full_state(
     Every rank must consume the iterator to the end (it runs one gather per tensor); all ranks get
     the same number of buckets. Tensors keep their dtype and device (the parameters' device).
     """
-    is_main = all_ranks or _rank(group) == 0
+    is_main = all_ranks or group_rank(group) == 0
     bucket: list[tuple[str, Tensor]] = []
     size = 0
     for name, value in (state or unique_state)(model):
@@ -163,7 +160,7 @@ def save_hf_pretrained(
     passes `rlcore.models.lora.merged_state`). Returns the directory where it was written, None elsewhere.
     """
     out = Path(out_dir)
-    is_main = every_rank or _rank(group) == 0
+    is_main = every_rank or group_rank(group) == 0
     if is_main:
         out.mkdir(parents=True, exist_ok=True)
     files: list[tuple[Path, list[str]]] = []

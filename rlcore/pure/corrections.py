@@ -25,7 +25,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from rlcore.pure.masks import masked_mean, masked_sum
+from rlcore.pure.masks import apply_mask, masked_mean, masked_sum
 
 SAFETY_BOUND = 20.0
 Level = Literal["token", "sequence", "geometric"]
@@ -155,11 +155,30 @@ def offpolicy_metrics(logprob: Tensor, rollout_logprob: Tensor, response_mask: T
     }
 
 
+def logprob_gap(
+    rollout_logprob: Tensor, logprob: Tensor, response_mask: Tensor, *, num_tokens: Tensor | None = None
+) -> dict[str, Tensor]:
+    """How far the engine's log-probs (mu) are from the trainer's (pi) on the same tokens, (b, t) each:
+    d = |log mu - log pi| on the mask, in the wider dtype on mu's device; `mean` = sum d / N with N =
+    `num_tokens` (a micro-batch's share of a larger batch) or the mask's count (at least 1), `max` = max d
+    (0 without tokens). The rollout/trainer mismatch diagnostic (logged as `rollout/logprob_diff_*`)."""
+    dtype = torch.promote_types(rollout_logprob.dtype, logprob.dtype)
+    diff = apply_mask(
+        (rollout_logprob.to(dtype) - logprob.to(rollout_logprob.device, dtype)).abs(), response_mask
+    )
+    count = response_mask.to(diff.dtype).sum().clamp(min=1.0) if num_tokens is None else num_tokens
+    return {
+        "mean": masked_sum(diff, response_mask) / count,  # (,)
+        "max": diff.amax() if diff.numel() else diff.new_zeros(()),  # (,)
+    }
+
+
 __all__ = [
     "LEVELS",
     "SAFETY_BOUND",
     "is_weights",
     "level_log_ratio",
+    "logprob_gap",
     "offpolicy_metrics",
     "rejection_mask",
     "veto_mask",

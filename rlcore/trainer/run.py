@@ -27,7 +27,7 @@ from rlcore.algorithm import Algorithm
 from rlcore.data.dataset import Cursor, PromptDataset
 from rlcore.data.rows import DataError
 from rlcore.data.sources import read_sources
-from rlcore.dist.mesh import close_distributed, init_distributed
+from rlcore.dist.mesh import close_distributed, group_rank, group_size, init_distributed
 from rlcore.dist.placement import Placement, as_world, place
 from rlcore.dist.reduce import all_reduce_int, reduce_metrics
 from rlcore.plan import StepPlan
@@ -260,15 +260,7 @@ def loop(state: TrainState, h: Handles, algorithm: Algorithm, plan: StepPlan) ->
 def _watchdog(cfg: Config) -> Watchdog | None:
     if cfg.trainer.hang_timeout_s <= 0:
         return None
-    return Watchdog(cfg.trainer.hang_timeout_s, rank=_global_rank(), world=_world_size())
-
-
-def _global_rank() -> int:
-    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-
-
-def _world_size() -> int:
-    return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    return Watchdog(cfg.trainer.hang_timeout_s, rank=group_rank(), world=group_size())
 
 
 def _train_loop(state: TrainState, h: Handles, algorithm: Algorithm, plan: StepPlan) -> TrainState:
@@ -279,7 +271,7 @@ def _train_loop(state: TrainState, h: Handles, algorithm: Algorithm, plan: StepP
         with phase("validation"):
             h.logger.log(0, _validation(h, 0))
     h.logger.begin(state.step)
-    profiler = StepProfiler(profile_steps(cfg.trainer.profile_steps), h.out_dir, _global_rank())
+    profiler = StepProfiler(profile_steps(cfg.trainer.profile_steps), h.out_dir, group_rank())
     last_finite = {}
     while state.step < cfg.trainer.steps:
         at_step(state.step + 1)

@@ -97,3 +97,18 @@ def test_log_ratios_are_clamped_to_the_safety_bound_and_levels_checked() -> None
         level_log_ratio(pi, mu, torch.ones_like(pi), "tokens")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="lower <= upper"):
         rejection_mask(pi, mu, torch.ones_like(pi), upper=0.5, lower=1.0)
+
+
+def test_logprob_gap_by_hand():
+    """d = |log mu - log pi| on the mask: (0.5, 0, masked 2.0) -> mean 0.5 / 2 tokens, max 0.5; a micro-batch's
+    share of 4 tokens in all -> 0.5 / 4; no token -> 0 and 0."""
+    from rlcore.pure.corrections import logprob_gap
+
+    mu = torch.tensor([[-1.0, -2.0, -3.0]], dtype=torch.float64)
+    pi = torch.tensor([[-1.5, -2.0, -1.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64)
+    gap = logprob_gap(mu, pi, mask)
+    assert gap["mean"].item() == 0.5 / 2 and gap["max"].item() == 0.5
+    assert logprob_gap(mu, pi, mask, num_tokens=torch.tensor(4.0))["mean"].item() == 0.5 / 4
+    empty = logprob_gap(mu, pi, torch.zeros_like(mask))
+    assert empty["mean"].item() == 0.0 and empty["max"].item() == 0.0
