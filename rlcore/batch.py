@@ -268,3 +268,12 @@ def _same(a: Any, b: Any) -> bool:
         return bool(a == b)
     except Exception:
         return False
+
+
+def group_ids(batch: Batch) -> Tensor:
+    """A LongTensor (b,) labelling rows by prompt `uid` (samples of one prompt share a label, numbered in
+    order of first appearance); without `uid`, every row is its own group."""
+    if "uid" not in batch:
+        return torch.arange(len(batch))
+    labels: dict[Any, int] = {}
+    return torch.tensor([labels.setdefault(uid, len(labels)) for uid in batch["uid"]], dtype=torch.long)

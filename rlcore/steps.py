@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from rlcore.algorithm import Algorithm
-from rlcore.batch import Batch
+from rlcore.batch import Batch, group_ids
 from rlcore.pure import corrections
 from rlcore.pure.corrections import is_weights, offpolicy_metrics, rejection_mask, veto_mask
 from rlcore.pure.kl import apply_kl_penalty
@@ -52,12 +52,6 @@ AGENT_METRICS: dict[str, tuple[str, str]] = {
     "retokenize_mismatch": ("agent/retokenize_mismatch", "mean"),
 }
 """Per-sample fields of the agent loop (`rlcore.rollout.agent`) -> (metric, mean over samples or count)."""
-
-
-def group_ids(batch: Batch) -> Tensor:
-    """A LongTensor (b,) labelling rows by prompt `uid` (samples of one prompt share a label)."""
-    labels: dict[Any, int] = {}
-    return torch.tensor([labels.setdefault(uid, len(labels)) for uid in batch["uid"]], dtype=torch.long)
 
 
 def rollout_step(

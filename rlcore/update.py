@@ -47,7 +47,7 @@ from torch.optim import AdamW, Optimizer
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from rlcore.algorithm import Algorithm, parameters
-from rlcore.batch import Batch
+from rlcore.batch import Batch, group_ids
 from rlcore.dist.fsdp import model_mesh, set_gradient_sync
 from rlcore.dist.reduce import all_reduce, mesh_size
 from rlcore.models.forward import (
@@ -155,10 +155,8 @@ def build_scheduler(
 
 def _group_starts(batch: Batch) -> list[int]:
     """Row index where each prompt group starts (a run of equal consecutive `uid`s; each row without uid)."""
-    if "uid" not in batch:
-        return list(range(len(batch)))
-    uids = batch["uid"]
-    return [i for i in range(len(uids)) if i == 0 or uids[i] != uids[i - 1]]
+    ids = group_ids(batch).tolist()
+    return [i for i in range(len(ids)) if i == 0 or ids[i] != ids[i - 1]]
 
 
 def mini_batches(batch: Batch, mini_batch_size: int | None, mesh: DeviceMesh | None) -> list[Batch]:
