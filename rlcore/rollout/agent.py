@@ -544,5 +544,4 @@ class AgentEngine:
         self.inner.wake()
 
     def close(self) -> None:
-        if hasattr(self.inner, "close"):
-            self.inner.close()
+        self.inner.close()

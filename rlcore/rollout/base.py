@@ -74,3 +74,7 @@ class RolloutEngine(Protocol):
     def wake(self) -> None:
         """Undo `sleep` before the next `generate`."""
         ...
+
+    def close(self) -> None:
+        """Release what the engine holds outside this object (processes, process groups, directories)."""
+        ...

@@ -283,6 +283,9 @@ class NativeEngine:
             self._offloaded = False
         self._asleep = False
 
+    def close(self) -> None:
+        """Nothing to release: the engine holds only this process's tensors."""
+
     # -- decoding -------------------------------------------------------------------------------
 
     def _new_cache(self, capacity: int) -> Cache:

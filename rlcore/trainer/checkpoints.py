@@ -25,18 +25,21 @@ import pickle
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlcore.dist.transfer import json_tensor, tensor_json
 from rlcore.state import Health, TrainState, rollouts_from_tensors, rollouts_to_tensors
 from rlcore.trainer import faults, signals
 from rlcore.trainer.errors import StopRun, reason
 
+if TYPE_CHECKING:
+    from rlcore.trainer.handles import Handles
+
 LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, pickle.UnpicklingError)
 """What loading an unusable checkpoint raises (besides DCP's CheckpointException)."""
 
 
-def _extra(state: TrainState, h: Any) -> dict[str, Any]:
+def _extra(state: TrainState, h: Handles) -> dict[str, Any]:
     """The JSON part of a checkpoint: every TrainState field that is not a tensor (under split placement
     the cursor and the batches generated ahead are the rollout ranks', in their tensor files)."""
     return {
@@ -66,12 +69,12 @@ def _base(cfg: Any) -> dict[str, Any]:
     }
 
 
-def _generator_extra(state: TrainState, h: Any) -> dict[str, Any]:
+def _generator_extra(state: TrainState, h: Handles) -> dict[str, Any]:
     """What a rank that generates keeps: the data cursor and the steps of its batches generated ahead."""
     return {"data": h.train_ds.cursor_state(state.cursor), "pending_steps": [r.step for r in state.pending]}
 
 
-def _placement(h: Any) -> dict[str, Any]:
+def _placement(h: Handles) -> dict[str, Any]:
     """What a resume must match: colocated checkpoints load at any world size; split ones need the same
     rollout ranks (each saved its own batches generated ahead; the trainer ranks may change)."""
     if not h.placement.split:
@@ -85,7 +88,7 @@ def save_due(cfg: Any, step: int) -> bool:
     return every > 0 and (step % every == 0 or step == cfg.trainer.steps)
 
 
-def save(state: TrainState, h: Any) -> None:
+def save(state: TrainState, h: Handles) -> None:
     """checkpoints/step_<state.step>: the TrainState (models and optimizers by DCP, the rest JSON)."""
     from rlcore.dist.checkpoint import prune
 
@@ -98,7 +101,7 @@ def save(state: TrainState, h: Any) -> None:
                 prune(root / "critic", h.cfg.trainer.keep_last)
 
 
-def _save(state: TrainState, h: Any, root: Path, step: int) -> None:
+def _save(state: TrainState, h: Handles, root: Path, step: int) -> None:
     """`_write`, its errors turned into one StopRun line (the partial `.tmp` directories removed)."""
     try:
         _write(state, h, root)
@@ -126,7 +129,7 @@ def _abandon(root: Path, step: int, writes: bool) -> None:
     os._exit(signals.EXIT_INTERRUPTED)
 
 
-def _write(state: TrainState, h: Any, root: Path) -> None:
+def _write(state: TrainState, h: Handles, root: Path) -> None:
     from rlcore.dist.checkpoint import save_checkpoint
 
     step, critic, trainers = state.step, state.critic, h.placement.trainers
@@ -153,7 +156,7 @@ def _write(state: TrainState, h: Any, root: Path) -> None:
     )
 
 
-def resume(state: TrainState, h: Any) -> TrainState:
+def resume(state: TrainState, h: Handles) -> TrainState:
     """The TrainState of the checkpoint --resume names (auto: the newest complete one), or `state` for
     a fresh start (whose stale metrics records, if any, are dropped)."""
     from rlcore.dist.checkpoint import COMPLETE, latest_checkpoint
@@ -189,7 +192,7 @@ def resume(state: TrainState, h: Any) -> TrainState:
     return state
 
 
-def _check_placement(path: Path, h: Any, spec: str) -> None:
+def _check_placement(path: Path, h: Handles, spec: str) -> None:
     """Refuse, on every rank alike (before any collective), a checkpoint of another placement."""
     extra = path / "extra.json"
     saved = json.loads(extra.read_text()).get("placement") if extra.is_file() else None
@@ -201,7 +204,7 @@ def _check_placement(path: Path, h: Any, spec: str) -> None:
         )
 
 
-def _check_base(path: Path, h: Any, spec: str) -> None:
+def _check_base(path: Path, h: Handles, spec: str) -> None:
     """Refuse a checkpoint whose adapters were trained on another base model or with another LoRA shape
     (checkpoints without the record, from before LoRA, are full-weight ones: nothing to check)."""
     extra = path / "extra.json"
@@ -214,7 +217,7 @@ def _check_base(path: Path, h: Any, spec: str) -> None:
         )
 
 
-def _load(state: TrainState, h: Any, path: Path) -> TrainState:
+def _load(state: TrainState, h: Handles, path: Path) -> TrainState:
     from rlcore.dist.checkpoint import load_checkpoint
 
     trainers = h.placement.trainers
@@ -244,7 +247,7 @@ def _load(state: TrainState, h: Any, path: Path) -> TrainState:
     )  # fmt: skip
 
 
-def _load_rollout(state: TrainState, h: Any, path: Path) -> TrainState:
+def _load_rollout(state: TrainState, h: Handles, path: Path) -> TrainState:
     """A rollout rank's part of a split checkpoint: the cursor and the batches it had sent untrained."""
     from rlcore.dist.checkpoint import load_checkpoint
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,6 +24,9 @@ from rlcore.state import Rollout, TrainState
 from rlcore.steps import concat_rollouts, filter_groups, group_signal, rollout_step, score_step
 from rlcore.trainer import faults
 from rlcore.trainer.phases import phase
+
+if TYPE_CHECKING:
+    from rlcore.trainer.handles import Handles
 
 
 def step_seed(seed: int, step: int, what: str) -> int:
@@ -55,13 +58,13 @@ def overlong(cfg: Any) -> OverlongPenalty | None:
     )
 
 
-def this_rank(h: Any, prompts: Batch) -> Batch:
+def this_rank(h: Handles, prompts: Batch) -> Batch:
     """SPMD data parallelism: every rank draws the same global batch and keeps its own slice of prompts."""
     per = len(prompts) // h.dist.world_size
     return prompts[h.dist.rank * per : (h.dist.rank + 1) * per]
 
 
-def from_first_peer(batch: Batch, h: Any) -> Batch:
+def from_first_peer(batch: Batch, h: Handles) -> Batch:
     """tp / sp: the batch of the first of this rank's peers, on every peer. Their engines sample the same
     prompts with the same seeds, but a model split between ranks must train one batch exactly."""
     group = h.placement.peers
@@ -80,7 +83,7 @@ def due(state: TrainState, cfg: Any) -> range:
     return range(first, min(state.step + 1 + cfg.pipeline.max_staleness, cfg.trainer.steps) + 1)
 
 
-def fill(state: TrainState, h: Any, algorithm: Algorithm) -> TrainState:
+def fill(state: TrainState, h: Handles, algorithm: Algorithm) -> TrainState:
     """Generate, with the engine's current weights, the batches of every step `due` (lag mode)."""
     for step in due(state, h.cfg):
         state = generate(state, h, algorithm, step)
@@ -88,7 +91,7 @@ def fill(state: TrainState, h: Any, algorithm: Algorithm) -> TrainState:
 
 
 def generate(
-    state: TrainState, h: Any, algorithm: Algorithm, step: int, extra: dict[str, float] | None = None
+    state: TrainState, h: Handles, algorithm: Algorithm, step: int, extra: dict[str, float] | None = None
 ) -> TrainState:
     """The state with the batch of `step` appended to `pending` (generated with the engine's weights,
     version state.policy_version, tagged per token in `rollout_versions`) and the cursor after its
@@ -104,7 +107,7 @@ def generate(
 
 
 def collect(
-    state: TrainState, h: Any, algorithm: Algorithm, step: int
+    state: TrainState, h: Handles, algorithm: Algorithm, step: int
 ) -> tuple[Batch, dict[str, torch.Tensor], Cursor]:
     """Rollout + rewards for step `step`; with dynamic sampling, more rounds until every rank's share of
     the batch is full. Returns this rank's rows, metrics, and the cursor after the prompts drawn."""
@@ -144,7 +147,7 @@ def collect(
     return batch, metrics, cursor
 
 
-def greedy_baseline(h: Any, prompts: Batch) -> torch.Tensor:
+def greedy_baseline(h: Handles, prompts: Batch) -> torch.Tensor:
     """ReMax: the reward of each prompt's greedy response, repeated for its n samples.  # (b * n,)"""
     cfg = h.cfg
     greedy = SamplingParams(n=1, max_tokens=cfg.rollout.max_tokens, temperature=0.0)

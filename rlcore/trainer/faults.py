@@ -36,10 +36,14 @@ import math
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlcore.batch import Batch
+
+if TYPE_CHECKING:
+    from rlcore.trainer.handles import Handles
 
 PHASES = ("rollout", "update", "save")
 
@@ -110,14 +114,13 @@ def push_per_bucket(engine: object, push: object) -> bool:
     return True
 
 
-def dump_state(state: Any, h: Any) -> None:
+def dump_state(state: Any, h: Handles, engine_holds: Callable[[Any, Any], bool]) -> None:
     """RLCORE_TEST_DUMP_STATE=DIR: this rank writes DIR/rank<r>.json, the run state that must agree
-    across ranks and whether its engine holds the trained weights (a collective: every rank calls it)."""
+    across ranks and whether its engine holds the trained weights, as `engine_holds(model, engine)` says
+    (a collective: every rank calls it)."""
     directory = os.environ.get("RLCORE_TEST_DUMP_STATE")
     if not directory or state.actor is None:  # a rollout rank of split placement holds no policy
         return
-    from rlcore.trainer.models import engine_holds
-
     record = {"step": state.step, "kl_coef": state.kl_coef, "data": h.train_ds.cursor_state(state.cursor),
               "bad_updates": state.bad_updates, "policy_version": state.policy_version,
               "engine_matches_policy": engine_holds(state.actor.model, h.engine)}  # fmt: skip

@@ -28,7 +28,7 @@ from rlcore.data.dataset import Cursor, PromptDataset
 from rlcore.data.rows import DataError
 from rlcore.data.sources import read_sources
 from rlcore.dist.mesh import close_distributed, group_rank, group_size, init_distributed
-from rlcore.dist.placement import Placement, as_world, place
+from rlcore.dist.placement import as_world, place
 from rlcore.dist.reduce import all_reduce_int, reduce_metrics
 from rlcore.plan import StepPlan
 from rlcore.rewards.custom import RewardSpecError
@@ -40,6 +40,7 @@ from rlcore.trainer import agents, checkpoints, faults, models, signals, split
 from rlcore.trainer.algorithm import bind
 from rlcore.trainer.collect import fill, staleness, step_seed, this_rank
 from rlcore.trainer.errors import StopRun, reason
+from rlcore.trainer.handles import Handles, Outbox
 from rlcore.trainer.health import check_health
 from rlcore.trainer.learn import TrainingDiverged, check_bad_updates, learn
 from rlcore.trainer.logger import MetricsLogger, gpu_free_mb, read_metrics
@@ -62,34 +63,6 @@ USER_ERRORS = (ConfigError, DataError, RewardSpecError, EnvSpecError)
 __all__ = ["Handles", "TrainingDiverged", "build", "run", "step_seed", "train_step"]
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Handles:
-    """What the steps use and never replace (the engine's weights change by pushes, its identity not)."""
-
-    cfg: Config
-    out_dir: Path
-    placement: Placement
-    """This rank's role (colocate: both) and the groups between the roles (rlcore.dist.placement)."""
-    dist: Any
-    """This rank within its role (rlcore.dist.mesh.DistInfo): rank and world size of the role, device."""
-    mesh: Any
-    """The role's data-parallel DeviceMesh (None for a role of one process)."""
-    tokenizer: Any
-    train_ds: PromptDataset
-    val_ds: PromptDataset | None
-    scorer: RewardScorer | None
-    """The reward scorer (None on a trainer rank of split placement)."""
-    engine: Any
-    """The rollout engine (None on a trainer rank of split placement)."""
-    ref_model: Any
-    """The frozen reference policy (None without KL, and on a rollout rank)."""
-    logger: MetricsLogger
-    samples: SampleWriter
-    """Each step's first --log.samples samples as text (a writer that writes nothing off rank 0)."""
-    outbox: split.Outbox | None = None
-    """The trainer leader's weight pushes in flight (split placement; stream mode does not wait for them)."""
-
-
 def run(cfg: Config) -> int:
     """Train to the end; user errors print one line and return 2, a diverged run 3."""
     cfg = resolved(cfg)  # defaults that depend on other flags (the LoRA learning rate)
@@ -108,7 +81,7 @@ def run(cfg: Config) -> int:
         with signals.handling(grace_s=cfg.trainer.preempt_grace_s, newest=lambda: checkpoints.newest(checkpoint_dir),
                               at_once=h.placement.split):  # fmt: skip
             state = loop(state, h, algorithm, plan)
-        faults.dump_state(state, h)  # test-only (RLCORE_TEST_DUMP_STATE)
+        faults.dump_state(state, h, models.engine_holds)  # test-only (RLCORE_TEST_DUMP_STATE)
     except StopRun as e:  # disk trouble, an unusable checkpoint: the user's to fix
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
@@ -136,7 +109,7 @@ def run(cfg: Config) -> int:
         if h.scorer is not None:
             h.scorer.close()
         h.logger.close()
-        if hasattr(h.engine, "close"):  # vLLM: its engine and process groups (also under AgentEngine)
+        if h.engine is not None:  # vLLM: its engine and process groups (also under AgentEngine)
             h.engine.close()
         close_distributed()
     return 0
@@ -200,7 +173,7 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm, StepPlan]:
     h = Handles(cfg=cfg, out_dir=out_dir, placement=placement, dist=dist, mesh=mesh, tokenizer=tokenizer,
                 train_ds=train_ds, val_ds=val_ds, scorer=scorer, engine=engine, ref_model=ref_model, logger=logger,
                 samples=samples,
-                outbox=split.Outbox() if placement.role == "trainer" else None)  # fmt: skip
+                outbox=Outbox() if placement.role == "trainer" else None)  # fmt: skip
     return state, h, algorithm, plan
 
 

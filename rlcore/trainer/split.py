@@ -18,7 +18,7 @@ parts, one per trainer rank (with dynamic sampling every rollout rank first keep
 the fewest of them has, as colocated ranks do).
 
 Stream mode (--pipeline.mode stream) changes only when the rollout ranks take a push: the leader
-sends it without waiting (`Outbox`), a rollout rank takes whatever has arrived before each batch
+sends it without waiting (`rlcore.trainer.handles.Outbox`), a rollout rank takes whatever has arrived before each batch
 (`Inbox`) and waits only when the next batch would be more than K versions behind; with
 --pipeline.partial-rollout it also takes pushes between decode steps of a batch. Which version a
 batch gets then depends on timing: fresher samples, no reproducibility.
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -52,6 +52,9 @@ from rlcore.trainer import checkpoints, faults
 from rlcore.trainer.collect import due, generate
 from rlcore.trainer.validation import val_due
 
+if TYPE_CHECKING:
+    from rlcore.trainer.handles import Handles
+
 
 def routes(groups: int, rank: int, rollout_ranks: int, trainer_ranks: int) -> list[tuple[int, int]]:
     """For each trainer rank, the range [a, b) of this rollout rank's `groups` prompt groups it gets:
@@ -69,7 +72,7 @@ def routes(groups: int, rank: int, rollout_ranks: int, trainer_ranks: int) -> li
 # ---------------------------------------------------------------- rollouts: rollout ranks -> trainer ranks
 
 
-def send_rollout(rollout: Rollout, h: Any) -> list[Any]:
+def send_rollout(rollout: Rollout, h: Handles) -> list[Any]:
     """Send this rollout rank's share of `rollout` to every trainer rank (a collective of the rollout
     ranks: they agree on the groups kept and on the step's metrics); returns the pending sends."""
     n, p = h.cfg.rollout.n, h.placement
@@ -87,7 +90,7 @@ def send_rollout(rollout: Rollout, h: Any) -> list[Any]:
     return works
 
 
-def receive_rollout(state: TrainState, h: Any) -> tuple[Rollout, float]:
+def receive_rollout(state: TrainState, h: Handles) -> tuple[Rollout, float]:
     """The batch of step state.step + 1 for this trainer rank (its part from every rollout rank), and the
     seconds spent waiting for it."""
     started = time.perf_counter()
@@ -109,23 +112,7 @@ def receive_rollout(state: TrainState, h: Any) -> tuple[Rollout, float]:
 # ---------------------------------------------------------------- weights: trainer ranks -> rollout ranks
 
 
-class Outbox:
-    """The trainer leader's weight pushes still in flight: in stream mode a push is sent without waiting
-    for the rollout ranks to take it (they do between batches); each work holds its tensor's copy."""
-
-    def __init__(self) -> None:
-        self._works: list[Any] = []
-
-    def add(self, works: list[Any]) -> None:
-        self._works = [w for w in self._works + works if not w.is_completed()]
-
-    def flush(self) -> None:
-        for w in self._works:
-            w.wait()
-        self._works = []
-
-
-def push_weights(model: Any, h: Any, *, step: int, version: int, bucket_bytes: int) -> dict[str, float]:
+def push_weights(model: Any, h: Handles, *, step: int, version: int, bucket_bytes: int) -> dict[str, float]:
     """Tell the rollout ranks that `step` steps are trained and the policy is `version`, with the weights
     of `model` (gathered over the trainer ranks, broadcast by the leader), or without (`model` None: the
     weights did not change, e.g. an empty step). Every trainer rank calls it. In stream mode the leader
@@ -153,7 +140,7 @@ class Inbox:
     says whether the trainer has sent one; `take` waits for it. Post the next only after the push's
     weights are in (the group's operations must run in the trainer's order)."""
 
-    def __init__(self, h: Any) -> None:
+    def __init__(self, h: Handles) -> None:
         self._h, self._work, self._buffer = h, None, None
 
     def post(self) -> None:
@@ -172,7 +159,9 @@ class Inbox:
         return self._buffer.cpu()
 
 
-def receive_push(state: TrainState, h: Any, announce: torch.Tensor | None = None) -> tuple[TrainState, float]:
+def receive_push(
+    state: TrainState, h: Handles, announce: torch.Tensor | None = None
+) -> tuple[TrainState, float]:
     """Wait for the trainer's next push (its announcement, unless already received: `announce`) and load
     its weights into the engine, as one update; the state at its step and version, without the batches
     trained by then; and the seconds waited."""
@@ -194,14 +183,14 @@ def receive_push(state: TrainState, h: Any, announce: torch.Tensor | None = None
 # ---------------------------------------------------------------- validation: rollout rank 0 -> leader
 
 
-def send_validation(metrics: dict[str, float], h: Any) -> None:
+def send_validation(metrics: dict[str, float], h: Handles) -> None:
     device = group_device(h.placement.val)
     text = json_tensor(metrics).to(device)
     dist.send(torch.tensor([text.numel()], device=device), h.placement.leader, group=h.placement.val)
     dist.send(text, h.placement.leader, group=h.placement.val)
 
 
-def receive_validation(h: Any) -> dict[str, float]:
+def receive_validation(h: Handles) -> dict[str, float]:
     """The validation metrics rollout rank 0 measured (on the leader; {} on the other trainer ranks)."""
     if dist.get_rank() != h.placement.leader:
         return {}
@@ -216,7 +205,7 @@ def receive_validation(h: Any) -> dict[str, float]:
 # ---------------------------------------------------------------- the rollout ranks' loop
 
 
-def rollout_loop(state: TrainState, h: Any, algorithm: Algorithm, validate: Any) -> TrainState:
+def rollout_loop(state: TrainState, h: Handles, algorithm: Algorithm, validate: Any) -> TrainState:
     """Generate the batches the schedule allows, send them, take the trainer's pushes; validate and save
     where the trainer does. Lag mode: every allowed batch, then wait for the next push (each batch
     is generated with version max(0, t - 1 - K) exactly). Stream mode: one batch at a time, each with the
@@ -263,7 +252,7 @@ def rollout_loop(state: TrainState, h: Any, algorithm: Algorithm, validate: Any)
 
 
 def _generate_partial(
-    state: TrainState, h: Any, algorithm: Algorithm, step: int, extra: dict[str, float], inbox: Inbox
+    state: TrainState, h: Handles, algorithm: Algorithm, step: int, extra: dict[str, float], inbox: Inbox
 ) -> tuple[TrainState, list[int]]:
     """`generate` with every push that arrives between decode steps loaded at once (partial rollouts):
     the batch's `rollout_versions` change at the token where each push came in. Returns the state (at
@@ -296,7 +285,7 @@ def _generate_partial(
     ), took
 
 
-def _took(state: TrainState, h: Any, validate: Any, inbox: Inbox | None) -> TrainState:
+def _took(state: TrainState, h: Handles, validate: Any, inbox: Inbox | None) -> TrainState:
     """After a push: validate and save where the trainer does, then listen for the next push."""
     _validate(h, state.step, validate)
     if checkpoints.save_due(h.cfg, state.step):
@@ -306,12 +295,12 @@ def _took(state: TrainState, h: Any, validate: Any, inbox: Inbox | None) -> Trai
     return state
 
 
-def _validate(h: Any, step: int, validate: Any) -> None:
+def _validate(h: Handles, step: int, validate: Any) -> None:
     if h.dist.rank == 0 and val_due(h, step):
         send_validation(validate(h, step), h)
 
 
 __all__ = [
-    "Inbox", "Outbox", "push_weights", "receive_push", "receive_rollout", "receive_validation", "rollout_loop", "routes",
+    "Inbox", "push_weights", "receive_push", "receive_rollout", "receive_validation", "rollout_loop", "routes",
     "send_rollout", "send_validation",
 ]  # fmt: skip

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -13,6 +13,9 @@ from rlcore.data.dataset import PromptDataset
 from rlcore.rewards.pool import RewardScorer
 from rlcore.rewards.step import score_step
 from rlcore.rollout.base import RolloutEngine, SamplingParams
+
+if TYPE_CHECKING:
+    from rlcore.trainer.handles import Handles
 
 
 def _scores(engine: RolloutEngine, dataset: PromptDataset, scorer: RewardScorer, tokenizer: Any, sampling,
@@ -67,7 +70,7 @@ def validate_policy(
     return metrics
 
 
-def val_due(h: Any, step: int) -> bool:
+def val_due(h: Handles, step: int) -> bool:
     """Whether the run validates after `step` (0: before the first step): every --trainer.val-every
     steps and after the last, when there is a validation set."""
     every, last = h.cfg.trainer.val_every, h.cfg.trainer.steps

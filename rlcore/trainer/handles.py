@@ -1,0 +1,67 @@
+"""What a training step uses and never replaces: the run's `Handles`, built once by the shell
+(`rlcore.trainer.run.build`), typed so that a reader knows what each one can do."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from configs import Config
+from rlcore.data.dataset import PromptDataset
+from rlcore.dist.mesh import DistInfo
+from rlcore.dist.placement import Placement
+from rlcore.rewards.pool import RewardScorer
+from rlcore.rollout.base import RolloutEngine
+from rlcore.trainer.logger import MetricsLogger
+from rlcore.trainer.samples import SampleWriter
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+class Outbox:
+    """The trainer leader's weight pushes still in flight: in stream mode a push is sent without waiting
+    for the rollout ranks to take it (they do between batches); each work holds its tensor's copy."""
+
+    def __init__(self) -> None:
+        self._works: list[Any] = []
+
+    def add(self, works: list[Any]) -> None:
+        self._works = [w for w in self._works + works if not w.is_completed()]
+
+    def flush(self) -> None:
+        for w in self._works:
+            w.wait()
+        self._works = []
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Handles:
+    """What the steps use and never replace (the engine's weights change by pushes, its identity not)."""
+
+    cfg: Config
+    out_dir: Path
+    placement: Placement
+    """This rank's role (colocate: both) and the groups between the roles (rlcore.dist.placement)."""
+    dist: DistInfo
+    """This rank within its role: rank and world size of the role, device."""
+    mesh: DeviceMesh | None
+    """The role's data-parallel DeviceMesh (None for a role of one process)."""
+    tokenizer: PreTrainedTokenizerBase
+    train_ds: PromptDataset
+    val_ds: PromptDataset | None
+    scorer: RewardScorer | None
+    """The reward scorer (None on a trainer rank of split placement)."""
+    engine: RolloutEngine | None
+    """The rollout engine (None on a trainer rank of split placement)."""
+    ref_model: nn.Module | None
+    """The frozen reference policy (None without KL, and on a rollout rank)."""
+    logger: MetricsLogger
+    samples: SampleWriter
+    """Each step's first --log.samples samples as text (a writer that writes nothing off rank 0)."""
+    outbox: Outbox | None = None
+    """The trainer leader's weight pushes in flight (split placement; stream mode does not wait for them)."""
