@@ -13,37 +13,22 @@ around them, both bound once from the config (`rlcore.trainer.algorithm.bind`).
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
-import time
-from datetime import datetime
-from pathlib import Path
-from typing import Any
 
-import torch
-
-from configs import Config, ConfigError, resolved, validate
+from configs import Config, resolved
 from rlcore.algorithm import Algorithm
-from rlcore.data.dataset import Cursor, PromptDataset
-from rlcore.data.rows import DataError
-from rlcore.data.sources import read_sources
-from rlcore.dist.mesh import close_distributed, group_rank, group_size, init_distributed
-from rlcore.dist.placement import as_world, place
-from rlcore.dist.reduce import all_reduce_int, reduce_metrics
+from rlcore.dist.mesh import close_distributed, group_rank, group_size
 from rlcore.plan import StepPlan
-from rlcore.rewards.custom import RewardSpecError
-from rlcore.rewards.dispatch import find_reward
-from rlcore.rewards.pool import RewardError, RewardScorer
-from rlcore.rollout.env import EnvSpecError
-from rlcore.state import Rollout, TrainState
-from rlcore.trainer import agents, checkpoints, faults, models, signals, split
-from rlcore.trainer.algorithm import bind
-from rlcore.trainer.collect import fill, staleness, step_seed, this_rank
+from rlcore.rewards.pool import RewardError
+from rlcore.state import TrainState
+from rlcore.trainer import checkpoints, faults, models, signals, split
+from rlcore.trainer.build import USER_ERRORS, build
+from rlcore.trainer.collect import step_seed
 from rlcore.trainer.errors import StopRun, reason
-from rlcore.trainer.handles import Handles, Outbox
+from rlcore.trainer.handles import Handles
 from rlcore.trainer.health import check_health
-from rlcore.trainer.learn import TrainingDiverged, check_bad_updates, learn
-from rlcore.trainer.logger import MetricsLogger, gpu_free_mb, read_metrics
+from rlcore.trainer.learn import TrainingDiverged, check_bad_updates
+from rlcore.trainer.logger import read_metrics
 from rlcore.trainer.phases import (
     StepProfiler,
     Watchdog,
@@ -54,12 +39,9 @@ from rlcore.trainer.phases import (
     watching,
 )
 from rlcore.trainer.plots import plot_curves
-from rlcore.trainer.samples import SampleWriter
-from rlcore.trainer.sft import sft_batch
+from rlcore.trainer.step import start_engine, train_step
 from rlcore.trainer.validation import val_due, validate_policy
-from rlcore.update import update_step
 
-USER_ERRORS = (ConfigError, DataError, RewardSpecError, EnvSpecError)
 __all__ = ["Handles", "TrainingDiverged", "build", "run", "step_seed", "train_step"]
 
 
@@ -113,109 +95,6 @@ def run(cfg: Config) -> int:
             h.engine.close()
         close_distributed()
     return 0
-
-
-# ---------------------------------------------------------------- build
-
-
-def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm, StepPlan]:
-    try:
-        info = init_distributed(cfg.trainer.device)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    validate(cfg, world_size=info.world_size)
-    models.check_engine(cfg, info)
-    models.check_mesh(cfg)
-    agent_files = agents.load_agent_files(cfg)  # a bad env / tools file stops here, before any model loads
-    p = cfg.pipeline
-    placement = place(info, split=p.placement == "split", rollout_ranks=p.rollout_ranks, tp=cfg.trainer.tp,
-                      sp=cfg.trainer.sp)  # fmt: skip
-    dist, mesh, trains, generates = placement.local, placement.mesh, placement.trains, placement.generates
-    threads = {"trainer": p.trainer_threads, "rollout": p.rollout_threads}.get(placement.role, 0)
-    if threads:
-        torch.set_num_threads(threads)
-    torch.manual_seed(cfg.trainer.seed)
-    algorithm, plan = bind(cfg)
-    out_dir = Path(cfg.out_dir or f"runs/{cfg.preset}-{datetime.now():%Y%m%d-%H%M%S}")
-    tokenizer = models.tokenizer_of(cfg)
-    train_ds, val_ds = _datasets(cfg, tokenizer, agents.prompt_tools(agent_files, tokenizer))
-    models.check_context(cfg, {ds.name: ds.prompt_lengths() for ds in (train_ds, val_ds) if ds is not None})
-    # a rollout rank of split placement loads the engine's own copy of the policy instead
-    model = models.build_policy(cfg, placement) if trains else models.build_engine_copy(cfg, dist)
-    sources = sorted({row.data_source for ds in (train_ds, val_ds) if ds is not None for row in ds.rows})
-    r = cfg.reward
-    if cfg.rollout.env is not None:  # an env scores its episodes: a reward function only where one exists
-        sources = [s for s in sources if find_reward(s) is not None]
-    scorer = RewardScorer(r.custom, data_sources=sources, num_workers=r.num_workers, timeout_s=r.timeout_s,
-                          failure_score=r.failure_score, max_error_rate=r.max_error_rate,
-                          math_verifier=r.math_verifier) if generates else None  # fmt: skip
-    needs_ref = plan.needs_ref and trains
-    ref_model = models.build_reference(cfg, placement) if needs_ref else None
-    actor = models.build_state(cfg, model, dist) if trains else None
-    engine = None
-    if generates:  # an in-process vLLM takes the default group as its world: there, the rollout ranks
-        with as_world(placement.rollouts if cfg.rollout.engine == "vllm" else None):
-            engine = models.build_engine(cfg, model, tokenizer, dist)
-        engine = agents.agent_engine(cfg, engine, tokenizer, agent_files)
-    critic = models.build_critic_state(cfg, placement) if algorithm.needs_critic and trains else None
-    if placement.writes:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
-    logger = MetricsLogger(out_dir, total_steps=cfg.trainer.steps, enabled=placement.writes, wandb_mode=cfg.log.wandb,
-                           wandb_project=cfg.log.project, run_name=out_dir.name, config=dataclasses.asdict(cfg),
-                           progress=cfg.log.progress)  # fmt: skip
-    report_data(cfg, train_ds, val_ds, logger, prints=placement.writes)
-    if actor is not None:  # what trains (a LoRA policy: the adapters) and what the optimizer holds
-        logger.once(parameter_counts(actor))
-    samples = SampleWriter(out_dir, tokenizer, k=cfg.log.samples if placement.writes else 0,
-                           wandb_run=logger.wandb_run)  # fmt: skip
-    state = TrainState(actor=actor, critic=critic, kl_coef=cfg.algo.kl_coef, cursor=Cursor())
-    h = Handles(cfg=cfg, out_dir=out_dir, placement=placement, dist=dist, mesh=mesh, tokenizer=tokenizer,
-                train_ds=train_ds, val_ds=val_ds, scorer=scorer, engine=engine, ref_model=ref_model, logger=logger,
-                samples=samples,
-                outbox=Outbox() if placement.role == "trainer" else None)  # fmt: skip
-    return state, h, algorithm, plan
-
-
-def _datasets(
-    cfg: Config, tokenizer: Any, tools: tuple[dict, ...]
-) -> tuple[PromptDataset, PromptDataset | None]:
-    d, seed = cfg.data, cfg.trainer.seed
-    common = {"max_prompt_length": d.max_prompt_length, "overlong": d.overlong, "tools": tools}
-    optional = cfg.rollout.env is not None  # an env's first observation can be the first user turn
-    rows = read_sources(d.train_files, split="train", builtin_size=d.builtin_train_size, seed=seed,
-                        prompt_optional=optional)  # fmt: skip
-    train = PromptDataset(rows, tokenizer, seed=seed, name="--data.train-files", **common)
-    val = None
-    if d.val_files:
-        rows = read_sources(d.val_files, split="val", builtin_size=d.builtin_val_size, seed=seed,
-                            prompt_optional=optional)  # fmt: skip
-        val = PromptDataset(rows, tokenizer, seed=seed, shuffle=False, name="--data.val-files", **common)
-    return train, val
-
-
-def parameter_counts(actor: Any) -> dict[str, float]:
-    """`model/params`, `model/trainable_params` and `model/optimizer_params` (whole tensors, sharded or not)."""
-    params = list(actor.model.parameters())
-    held = [p for group in actor.optimizer.param_groups for p in group["params"]]
-    return {
-        "model/params": float(sum(p.numel() for p in params)),
-        "model/trainable_params": float(sum(p.numel() for p in params if p.requires_grad)),
-        "model/optimizer_params": float(sum(p.numel() for p in held)),
-    }
-
-
-def report_data(cfg: Config, train: PromptDataset, val: PromptDataset | None, logger: MetricsLogger, *,
-                prints: bool) -> None:  # fmt: skip
-    """One `data:` line per file set (rows, prompts dropped for length, prompt-length percentiles) on
-    stdout (stderr keeps warnings and errors), and the dropped counts as `data/train_dropped` / `data/val_dropped` in the first record."""
-    sets = {"train": (train, cfg.data.train_files), "val": (val, cfg.data.val_files)}
-    for key, (ds, files) in sets.items():
-        if ds is None:
-            continue
-        if prints:
-            print(f"data: {ds.name} {' '.join(files)}: {ds.report()}", flush=True)
-        logger.once({f"data/{key}_dropped": float(ds.n_dropped)})
 
 
 # ---------------------------------------------------------------- loop
@@ -285,102 +164,6 @@ def _preempted(state: TrainState, h: Handles, *, saved: bool) -> None:
         with phase("checkpoint"):
             checkpoints.save(state, h)
     raise signals.Preempted(state.step, h.out_dir / "checkpoints" / f"step_{state.step}")
-
-
-def train_step(
-    state: TrainState, h: Handles, algorithm: Algorithm, plan: StepPlan
-) -> tuple[TrainState, dict[str, float]]:
-    """Rollout and rewards, then (the engine asleep) log-probs, advantages and updates, then weight sync."""
-    if h.cfg.algo.objective == "sft":
-        return sft_step(state, h, algorithm, plan)
-    started, step = time.perf_counter(), state.step + 1
-    rollout, state, metrics = next_rollout(state, h, algorithm)
-    batch = rollout.batch
-    metrics |= dict(rollout.metrics) | staleness(rollout.batch, state.policy_version)
-    faults.kill_point(step, "rollout")  # test-only fault injection (RLCORE_TEST_KILL_AT)
-    batch = batch[: all_reduce_int(len(batch), h.mesh, op="min")]  # dynamic sampling: equal groups per rank
-    if len(batch) == 0:  # no group with a signal on some rank: every rank skips the step together
-        if h.placement.split:  # the rollout ranks move on to the next step (the weights did not change)
-            split.push_weights(None, h, step=step, version=state.policy_version, bucket_bytes=1)
-        return dataclasses.replace(state, step=step), {
-            "train/empty_step": 1.0,
-            "timing/step_s": time.perf_counter() - started,
-        }
-    if h.engine is not None:
-        free = gpu_free_mb()
-        h.engine.sleep()
-        if free is not None:  # CUDA: what the engine's sleep gave back to the device (vLLM's pools too)
-            metrics["perf/gpu_sleep_freed_mb"] = gpu_free_mb() - free
-    try:
-        state, learned, batch = learn(state, h, algorithm, plan, batch)
-        h.samples.write(step, batch)
-        faults.kill_point(step, "update")
-    finally:
-        if h.engine is not None:
-            h.engine.wake()
-    with phase("sync"):
-        state, synced = push(state, h, step=step)
-    seconds = time.perf_counter() - started
-    tokens = batch["attention_mask"].sum() + batch["response_attention"].sum()
-    metrics |= learned | synced | {"timing/step_s": seconds, "throughput/tokens_per_s": tokens / seconds}
-    return dataclasses.replace(state, step=step), reduce_metrics(
-        {k: float(v) for k, v in metrics.items()}, h.mesh
-    )
-
-
-def sft_step(
-    state: TrainState, h: Handles, algorithm: Algorithm, plan: StepPlan
-) -> tuple[TrainState, dict[str, float]]:
-    """One supervised step (objective sft): teacher-forced targets, NLL through the update loop."""
-    started, step = time.perf_counter(), state.step + 1
-    drawn, cursor = h.train_ds.take(state.cursor, plan.batch_size)
-    batch = sft_batch(this_rank(h, drawn), h.tokenizer)
-    teacher_forced = dataclasses.replace(algorithm, on_policy=False)
-    actor, metrics = update_step(
-        state.actor, batch, teacher_forced, plan.actor, mesh=h.mesh, horizon=plan.horizon
-    )
-    metrics["sft/nll"] = metrics["actor/pg_loss"]
-    metrics["response/length_mean"] = float(batch["response_mask"].sum(-1).float().mean())
-    state, synced = push(
-        dataclasses.replace(state, actor=actor, cursor=cursor), h, step=step
-    )  # validation samples the engine
-    metrics |= synced | {"timing/step_s": time.perf_counter() - started}
-    return dataclasses.replace(state, step=step), reduce_metrics(metrics, h.mesh)
-
-
-def next_rollout(
-    state: TrainState, h: Handles, algorithm: Algorithm
-) -> tuple[Rollout, TrainState, dict[str, float]]:
-    """The batch of the next step: generated here (with up to K more ahead, lag mode), or, on a trainer
-    rank of split placement, received from the rollout ranks (`pipeline/trainer_idle_s`: the wait)."""
-    if h.placement.split:
-        rollout, waited = split.receive_rollout(state, h)
-        return rollout, state, {"pipeline/trainer_idle_s": waited}
-    state = fill(state, h, algorithm)
-    return state.pending[0], dataclasses.replace(state, pending=state.pending[1:]), {}
-
-
-def push(state: TrainState, h: Handles, *, step: int) -> tuple[TrainState, dict[str, float]]:
-    """The actor's weights after `step` steps into the engine (one update of it; under split placement
-    to the rollout ranks' engines); the state with the next policy version."""
-    started, version, bucket = time.perf_counter(), state.policy_version + 1, models.sync_bucket_bytes(h.cfg)
-    if h.placement.split:
-        metrics = split.push_weights(state.actor.model, h, step=step, version=version, bucket_bytes=bucket)
-    else:
-        metrics = models.push_weights(state.actor.model, h.engine, bucket_bytes=bucket)
-    metrics["timing/sync_s"] = time.perf_counter() - started
-    return dataclasses.replace(state, policy_version=version), metrics
-
-
-def start_engine(state: TrainState, h: Handles) -> None:
-    """The engine starts from the policy's weights (restored ones after a resume): not a new version."""
-    bucket = models.sync_bucket_bytes(h.cfg)
-    if h.placement.split:
-        split.push_weights(
-            state.actor.model, h, step=state.step, version=state.policy_version, bucket_bytes=bucket
-        )
-    else:
-        models.push_weights(state.actor.model, h.engine, bucket_bytes=bucket)
 
 
 def _gap_dtype(cfg: Config) -> str:

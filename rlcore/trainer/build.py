@@ -1,0 +1,134 @@
+"""Building a run from its config, before the loop: the pre-flight checks, the datasets, the models, the
+engine and the handles (`build(cfg) -> (TrainState, Handles, Algorithm, StepPlan)`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from configs import Config, ConfigError, validate
+from rlcore.algorithm import Algorithm
+from rlcore.data.dataset import Cursor, PromptDataset
+from rlcore.data.rows import DataError
+from rlcore.data.sources import read_sources
+from rlcore.dist.mesh import init_distributed
+from rlcore.dist.placement import as_world, place
+from rlcore.plan import StepPlan
+from rlcore.rewards.custom import RewardSpecError
+from rlcore.rewards.dispatch import find_reward
+from rlcore.rewards.pool import RewardScorer
+from rlcore.rollout.env import EnvSpecError
+from rlcore.state import TrainState
+from rlcore.trainer import agents, models
+from rlcore.trainer.algorithm import bind
+from rlcore.trainer.handles import Handles, Outbox
+from rlcore.trainer.logger import MetricsLogger
+from rlcore.trainer.samples import SampleWriter
+
+USER_ERRORS = (ConfigError, DataError, RewardSpecError, EnvSpecError)
+"""What the user fixes: one `error:` line and exit 2."""
+
+
+def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm, StepPlan]:
+    try:
+        info = init_distributed(cfg.trainer.device)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    validate(cfg, world_size=info.world_size)
+    models.check_engine(cfg, info)
+    models.check_mesh(cfg)
+    agent_files = agents.load_agent_files(cfg)  # a bad env / tools file stops here, before any model loads
+    p = cfg.pipeline
+    placement = place(info, split=p.placement == "split", rollout_ranks=p.rollout_ranks, tp=cfg.trainer.tp,
+                      sp=cfg.trainer.sp)  # fmt: skip
+    dist, mesh, trains, generates = placement.local, placement.mesh, placement.trains, placement.generates
+    threads = {"trainer": p.trainer_threads, "rollout": p.rollout_threads}.get(placement.role, 0)
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(cfg.trainer.seed)
+    algorithm, plan = bind(cfg)
+    out_dir = Path(cfg.out_dir or f"runs/{cfg.preset}-{datetime.now():%Y%m%d-%H%M%S}")
+    tokenizer = models.tokenizer_of(cfg)
+    train_ds, val_ds = _datasets(cfg, tokenizer, agents.prompt_tools(agent_files, tokenizer))
+    models.check_context(cfg, {ds.name: ds.prompt_lengths() for ds in (train_ds, val_ds) if ds is not None})
+    # a rollout rank of split placement loads the engine's own copy of the policy instead
+    model = models.build_policy(cfg, placement) if trains else models.build_engine_copy(cfg, dist)
+    sources = sorted({row.data_source for ds in (train_ds, val_ds) if ds is not None for row in ds.rows})
+    r = cfg.reward
+    if cfg.rollout.env is not None:  # an env scores its episodes: a reward function only where one exists
+        sources = [s for s in sources if find_reward(s) is not None]
+    scorer = RewardScorer(r.custom, data_sources=sources, num_workers=r.num_workers, timeout_s=r.timeout_s,
+                          failure_score=r.failure_score, max_error_rate=r.max_error_rate,
+                          math_verifier=r.math_verifier) if generates else None  # fmt: skip
+    needs_ref = plan.needs_ref and trains
+    ref_model = models.build_reference(cfg, placement) if needs_ref else None
+    actor = models.build_state(cfg, model, dist) if trains else None
+    engine = None
+    if generates:  # an in-process vLLM takes the default group as its world: there, the rollout ranks
+        with as_world(placement.rollouts if cfg.rollout.engine == "vllm" else None):
+            engine = models.build_engine(cfg, model, tokenizer, dist)
+        engine = agents.agent_engine(cfg, engine, tokenizer, agent_files)
+    critic = models.build_critic_state(cfg, placement) if algorithm.needs_critic and trains else None
+    if placement.writes:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+    logger = MetricsLogger(out_dir, total_steps=cfg.trainer.steps, enabled=placement.writes, wandb_mode=cfg.log.wandb,
+                           wandb_project=cfg.log.project, run_name=out_dir.name, config=dataclasses.asdict(cfg),
+                           progress=cfg.log.progress)  # fmt: skip
+    report_data(cfg, train_ds, val_ds, logger, prints=placement.writes)
+    if actor is not None:  # what trains (a LoRA policy: the adapters) and what the optimizer holds
+        logger.once(parameter_counts(actor))
+    samples = SampleWriter(out_dir, tokenizer, k=cfg.log.samples if placement.writes else 0,
+                           wandb_run=logger.wandb_run)  # fmt: skip
+    state = TrainState(actor=actor, critic=critic, kl_coef=cfg.algo.kl_coef, cursor=Cursor())
+    h = Handles(cfg=cfg, out_dir=out_dir, placement=placement, dist=dist, mesh=mesh, tokenizer=tokenizer,
+                train_ds=train_ds, val_ds=val_ds, scorer=scorer, engine=engine, ref_model=ref_model, logger=logger,
+                samples=samples,
+                outbox=Outbox() if placement.role == "trainer" else None)  # fmt: skip
+    return state, h, algorithm, plan
+
+
+def _datasets(
+    cfg: Config, tokenizer: Any, tools: tuple[dict, ...]
+) -> tuple[PromptDataset, PromptDataset | None]:
+    d, seed = cfg.data, cfg.trainer.seed
+    common = {"max_prompt_length": d.max_prompt_length, "overlong": d.overlong, "tools": tools}
+    optional = cfg.rollout.env is not None  # an env's first observation can be the first user turn
+    rows = read_sources(d.train_files, split="train", builtin_size=d.builtin_train_size, seed=seed,
+                        prompt_optional=optional)  # fmt: skip
+    train = PromptDataset(rows, tokenizer, seed=seed, name="--data.train-files", **common)
+    val = None
+    if d.val_files:
+        rows = read_sources(d.val_files, split="val", builtin_size=d.builtin_val_size, seed=seed,
+                            prompt_optional=optional)  # fmt: skip
+        val = PromptDataset(rows, tokenizer, seed=seed, shuffle=False, name="--data.val-files", **common)
+    return train, val
+
+
+def parameter_counts(actor: Any) -> dict[str, float]:
+    """`model/params`, `model/trainable_params` and `model/optimizer_params` (whole tensors, sharded or not)."""
+    params = list(actor.model.parameters())
+    held = [p for group in actor.optimizer.param_groups for p in group["params"]]
+    return {
+        "model/params": float(sum(p.numel() for p in params)),
+        "model/trainable_params": float(sum(p.numel() for p in params if p.requires_grad)),
+        "model/optimizer_params": float(sum(p.numel() for p in held)),
+    }
+
+
+def report_data(cfg: Config, train: PromptDataset, val: PromptDataset | None, logger: MetricsLogger, *,
+                prints: bool) -> None:  # fmt: skip
+    """One `data:` line per file set (rows, prompts dropped for length, prompt-length percentiles) on
+    stdout (stderr keeps warnings and errors), and the dropped counts as `data/train_dropped` / `data/val_dropped` in the first record."""
+    sets = {"train": (train, cfg.data.train_files), "val": (val, cfg.data.val_files)}
+    for key, (ds, files) in sets.items():
+        if ds is None:
+            continue
+        if prints:
+            print(f"data: {ds.name} {' '.join(files)}: {ds.report()}", flush=True)
+        logger.once({f"data/{key}_dropped": float(ds.n_dropped)})
