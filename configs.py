@@ -467,8 +467,10 @@ def _check_mesh(cfg: Config, world_size: int) -> None:
         cfg.pipeline.placement == "colocate",
         f"{flags} with --pipeline.placement split: not built; use colocate",
     )
-    _need(t.tp == 1 or (cfg.model.lora_rank == 0 and cfg.critic.lora_rank == 0),
-          f"{flags} with LoRA (--model.lora-rank / --critic.lora-rank): the adapters are not split; use tp 1")  # fmt: skip
+    _need(
+        t.tp == 1 or (cfg.model.lora_rank == 0 and cfg.critic.lora_rank == 0),
+        f"{flags} with LoRA (--model.lora-rank / --critic.lora-rank): the adapters are not split; use tp 1",
+    )
 
 
 def _check_pipeline(cfg: Config, world_size: int) -> None:

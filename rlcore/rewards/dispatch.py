@@ -47,8 +47,10 @@ from rlcore.rewards.custom import FLAG, RewardFn, RewardSpecError, load_custom
 
 MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
 DAPO_SOURCES = ("math_dapo", "math", "math_dapo_reasoning")  # and every data_source starting with "aime"
-SEARCH_R1_SOURCES = tuple(f"searchR1_{name}" for name in ("nq", "triviaqa", "popqa", "hotpotqa",
-                                                          "2wikimultihopqa", "musique", "bamboogle"))  # fmt: skip
+SEARCH_R1_SOURCES = tuple(
+    f"searchR1_{name}"
+    for name in ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
+)
 CODE_SOURCES = ("code", "codecontests", "apps", "codeforces", "taco")  # verl's names for code data
 
 REWARD_FNS: dict[str, RewardFn] = {

@@ -108,8 +108,18 @@ VERL_PERCENT = ("\\\\%", "\\%")
 def normalize(s: str, percent: tuple[str, ...] = VERL_PERCENT) -> str:
     """verl's `strip_string` (see the module docstring); raises on the malformed cases it raises on.
     `percent`: the marks dropped at the percent step (mathruler's copy drops `\\%` and then `%`)."""
-    for old, new in (("\n", ""), ("\\!", ""), ("\\\\", "\\"), ("tfrac", "frac"), ("dfrac", "frac"),
-                     ("\\left", ""), ("\\right", ""), ("^{\\circ}", ""), ("^\\circ", ""), ("\\$", "")):  # fmt: skip
+    for old, new in (
+        ("\n", ""),
+        ("\\!", ""),
+        ("\\\\", "\\"),
+        ("tfrac", "frac"),
+        ("dfrac", "frac"),
+        ("\\left", ""),
+        ("\\right", ""),
+        ("^{\\circ}", ""),
+        ("^\\circ", ""),
+        ("\\$", ""),
+    ):
         s = s.replace(old, new)
     s = _one_unit_cut(s)
     for mark in percent:

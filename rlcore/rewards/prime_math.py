@@ -161,8 +161,12 @@ def _prepare(answer: Any, pi: float) -> Any:
     return _substitute_pi(answer, pi) if "\\pi" in answer else answer
 
 
-_INTERVALS = ((re.compile(r"^Interval\((.*)\)$"), "[{}]"), (re.compile(r"^Interval\.Ropen\((.*)\)$"), "[{})"),
-              (re.compile(r"^Interval\.Lopen\((.*)\)$"), "({}]"), (re.compile(r"^Interval\.open\((.*)\)$"), "({})"))  # fmt: skip
+_INTERVALS = (
+    (re.compile(r"^Interval\((.*)\)$"), "[{}]"),
+    (re.compile(r"^Interval\.Ropen\((.*)\)$"), "[{})"),
+    (re.compile(r"^Interval\.Lopen\((.*)\)$"), "({}]"),
+    (re.compile(r"^Interval\.open\((.*)\)$"), "({})"),
+)
 
 
 def _sympy_interval_to_brackets(text: str) -> str:

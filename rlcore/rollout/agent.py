@@ -216,8 +216,13 @@ def run_agent(
             active = [t for t in trajectories if t.finish is None]
             if not active:
                 break
-            out = _generate(engine, active, _turn_sampling(sampling, setup, active, turn), pad,
-                            n=sampling.n if turn == 0 and len(active) == len(trajectories) else 1)  # fmt: skip
+            out = _generate(
+                engine,
+                active,
+                _turn_sampling(sampling, setup, active, turn),
+                pad,
+                n=sampling.n if turn == 0 and len(active) == len(trajectories) else 1,
+            )
             turn_tokens = [_take_turn(traj, out, j, setup) for j, traj in enumerate(active)]
             pending = [
                 (t, tokens) for t, tokens in zip(active, turn_tokens, strict=True) if tokens is not None

@@ -77,8 +77,12 @@ def run(cfg: Config) -> int:
         print(str(e), file=sys.stderr, flush=True)
         return signals.EXIT_PREEMPTED
     except signals.Terminated as e:
-        print(f"{e} at step {current_step()} (split placement stops at once); the newest checkpoint is "
-              f"{checkpoints.newest(checkpoint_dir)}; continue with --resume auto", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"{e} at step {current_step()} (split placement stops at once); the newest checkpoint is "
+            f"{checkpoints.newest(checkpoint_dir)}; continue with --resume auto",
+            file=sys.stderr,
+            flush=True,
+        )
         return signals.EXIT_PREEMPTED
     except KeyboardInterrupt:
         signals.exit_at_once_on_sigint()
@@ -134,8 +138,14 @@ def _train_loop(state: TrainState, h: Handles, algorithm: Algorithm, plan: StepP
         last_finite = check_bad_updates(
             state.bad_updates, step, update, last_finite, limit=cfg.trainer.max_bad_updates
         )
-        health, checked, warnings = check_health(state.health, metrics, step=step, engine=cfg.rollout.engine,
-                                                 dtype=_gap_dtype(cfg), max_tokens=cfg.rollout.max_tokens)  # fmt: skip
+        health, checked, warnings = check_health(
+            state.health,
+            metrics,
+            step=step,
+            engine=cfg.rollout.engine,
+            dtype=_gap_dtype(cfg),
+            max_tokens=cfg.rollout.max_tokens,
+        )
         state, metrics = dataclasses.replace(state, health=health), metrics | checked
         if h.placement.writes:
             for line in warnings:

@@ -66,8 +66,12 @@ def _on_preempt(signum: int, frame: Any, grace_s: float, newest: Any, at_once: b
 
 def _abandon_after(grace_s: float, newest: Any) -> None:
     time.sleep(grace_s)
-    print(f"preempted: the step in progress ran past --trainer.preempt-grace-s {grace_s:g}; abandoned it, the "
-          f"newest checkpoint is {newest() or 'none'}; continue with --resume auto", file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"preempted: the step in progress ran past --trainer.preempt-grace-s {grace_s:g}; abandoned it, the "
+        f"newest checkpoint is {newest() or 'none'}; continue with --resume auto",
+        file=sys.stderr,
+        flush=True,
+    )
     os._exit(EXIT_PREEMPTED)
 
 
