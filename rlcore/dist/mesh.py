@@ -155,3 +155,9 @@ def group_rank(group: object = None) -> int:
 def group_size(group: object = None) -> int:
     """The number of processes in `group` (None: the world); 1 without a process group."""
     return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+
+
+def group_device(group: object = None) -> torch.device:
+    """Where `group`'s tensors must live: the current CUDA device for nccl, else the CPU."""
+    backend = dist.get_backend(group)
+    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")

@@ -17,6 +17,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 
+from rlcore.dist.mesh import group_device
+
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
 
@@ -46,9 +48,7 @@ def world_max(values: Sequence[int], group: Any = None) -> list[int]:
     rank must take alike (a host sync); the values themselves without a process group."""
     if not (dist.is_available() and dist.is_initialized()):
         return [int(v) for v in values]
-    nccl = dist.get_backend(group) == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-    out = torch.tensor([int(v) for v in values], dtype=torch.int64, device=device)
+    out = torch.tensor([int(v) for v in values], dtype=torch.int64, device=group_device(group))
     dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group)
     return [int(v) for v in out.tolist()]
 

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rlcore.batch import Batch
+from rlcore.dist.mesh import group_device
 from rlcore.dist.stream import unique_state
 
 _DTYPES = {str(t).removeprefix("torch."): t for t in (torch.float16, torch.bfloat16, torch.float32, torch.float64,
@@ -40,12 +41,6 @@ def json_tensor(doc: Any) -> Tensor:
 def tensor_json(text: Tensor) -> Any:
     """The value `json_tensor` encoded."""
     return json.loads(text.cpu().numpy().tobytes().decode())
-
-
-def group_device(group: Any) -> torch.device:
-    """Where `group`'s tensors must live: the current CUDA device for nccl, else the CPU."""
-    backend = dist.get_backend(group)
-    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
 
 def header(batch: Batch) -> Tensor:

@@ -25,6 +25,9 @@ from rlcore.pure.losses import POLICY_LOSSES, value_loss
 from rlcore.steps import correction_step
 from rlcore.update import ModelState, UpdatePlan, build_optimizer, build_scheduler
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+"""--model.dtype / --model.compute-dtype names to torch dtypes."""
+
 _ALGO_FIELDS = frozenset(f.name for f in dataclasses.fields(AlgoConfig))
 
 
@@ -58,7 +61,7 @@ def step_plan(cfg: Config) -> StepPlan:
     a = cfg.algo
     forward = ForwardPlan(temperature=cfg.rollout.temperature, micro_batch_size=a.micro_batch_size,
                           max_tokens=a.max_tokens_per_micro_batch, share_prompts=a.share_prompts,
-                          compute_dtype=getattr(torch, cfg.model.compute_dtype))  # fmt: skip
+                          compute_dtype=DTYPES[cfg.model.compute_dtype])  # fmt: skip
     kl = KLControl(
         adaptive=a.kl_coef > 0 and a.kl_ctrl == "adaptive", target=a.kl_target, horizon=a.kl_horizon
     )

@@ -12,8 +12,7 @@ from configs import Config, ConfigError
 from rlcore.dist.reduce import world_max
 from rlcore.models.policy import load_model, load_tokenizer
 from rlcore.trainer import faults
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+from rlcore.trainer.algorithm import DTYPES
 
 
 def tokenizer_of(cfg: Config) -> Any:

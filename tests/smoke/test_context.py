@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rlcore.models.policy import load_policy
+from rlcore.models.policy import load_policy, load_tokenizer
 from rlcore.trainer.logger import read_metrics
 from tests.frames import our_frames
 from tests.smoke.test_torchrun import torchrun
@@ -39,7 +39,7 @@ def _rows(path: Path, contents: list[str]) -> tuple[Path, int]:
     rows = [{"data_source": "builtin/reverse", "prompt": [{"role": "user", "content": c}],
              "reward_model": {"ground_truth": c[::-1]}} for c in contents]  # fmt: skip
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    _, tokenizer = load_policy("builtin:tiny-reverse")
+    tokenizer = load_tokenizer("builtin:tiny-reverse")
     lengths = [len(tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, return_dict=False))
                for r in rows]  # fmt: skip
     return path, max(lengths)
