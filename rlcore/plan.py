@@ -16,6 +16,8 @@ import dataclasses
 
 import torch
 
+from rlcore.rewards.step import OverlongPenalty
+from rlcore.rollout.base import SamplingParams
 from rlcore.update import UpdatePlan
 
 
@@ -53,6 +55,68 @@ class KLControl:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class RolloutPlan:
+    """How a step's batch is sampled and scored."""
+
+    sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)
+    """The training samples (n per prompt, max_tokens, temperature, top-p/k); the seed is set per step."""
+    dynamic: bool = False
+    """DAPO's dynamic sampling: groups whose samples all scored the same are dropped, and prompts drawn
+    again (up to `rounds` times) until every rank's share of the batch is full."""
+    rounds: int = 1
+    """Sampling rounds at most per step with dynamic sampling (without it: one)."""
+    overlong: OverlongPenalty | None = None
+    """DAPO's soft overlong penalty on the scores (None: off)."""
+    val_n: int = 1
+    """Samples per validation prompt (pass@k beside the greedy score)."""
+
+    def seeded(self, seed: int) -> SamplingParams:
+        return dataclasses.replace(self.sampling, seed=seed)
+
+    def greedy(self) -> SamplingParams:
+        """One greedy sample per prompt, as long as the training samples (ReMax's baseline)."""
+        return SamplingParams(n=1, max_tokens=self.sampling.max_tokens, temperature=0.0)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Schedule:
+    """When things happen over the run: its length, how far the rollouts run ahead, and the cadence of
+    validation, checkpoints and weight pushes."""
+
+    steps: int = 1
+    """Training steps of the run."""
+    max_staleness: int = 0
+    """K: the batch of step t is generated with policy version t - 1 - K at the oldest (0: synchronous)."""
+    stream: bool = False
+    """Split placement's stream mode: the rollout ranks take pushes as they arrive (else lag mode)."""
+    partial: bool = False
+    """Stream mode with partial rollouts: pushes are taken between decode steps of a batch too."""
+    val_every: int = 0
+    """Validate every this many steps and after the last (0: never)."""
+    save_every: int = 0
+    """Save a checkpoint every this many steps and after the last (0: never)."""
+    keep_last: int = 0
+    """Checkpoints kept (0: all)."""
+    sync_bucket_bytes: int = 1
+    """The weight push's bucket size in bytes (at least 1: one tensor per bucket)."""
+
+    def val_due(self, step: int) -> bool:
+        """Whether the run validates after `step` (0: before the first step)."""
+        return self.val_every > 0 and (step % self.val_every == 0 or step == self.steps)
+
+    def save_due(self, step: int) -> bool:
+        """Whether the run saves after `step`."""
+        return self.save_every > 0 and (step % self.save_every == 0 or step == self.steps)
+
+    def due(self, trained: int, pending: int | None) -> range:
+        """The steps whose batches may be generated now, with `trained` steps done and batches pending up
+        to step `pending` (None: none): up to trained + 1 + K, capped at the last step, so that the batch
+        of step t is generated with policy version max(0, t - 1 - K) at the oldest."""
+        first = pending + 1 if pending is not None else trained + 1
+        return range(first, min(trained + 1 + self.max_staleness, self.steps) + 1)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class StepPlan:
     """Every number a training step needs beside the `Algorithm`; nothing under the step reads a config."""
 
@@ -74,3 +138,9 @@ class StepPlan:
     """The run's seed: per-step seeds (sampling, losses that sample) derive from it and the step."""
     needs_ref: bool = False
     """Whether the step computes reference log-probs (a KL penalty in the reward, or a KL loss)."""
+    rollout: RolloutPlan = RolloutPlan()
+    """How the batch is sampled and scored."""
+    schedule: Schedule = Schedule()
+    """The run's length and cadences."""
+    sft: bool = False
+    """Supervised fine-tuning (teacher-forced targets) instead of rollouts."""

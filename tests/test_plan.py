@@ -1,6 +1,7 @@
 """A StepPlan and handles built by hand, without `configs` (issue 33): two GRPO steps of the built-in
-model composed from the library's steps and the shell's `learn`, in a process that never imports the
-config module (nothing under the step reads a config)."""
+model composed from the library's steps and the shell's `learn`, then two more through the whole
+`train_step` (rollout, rewards, learning, the push into the engine, through the colocated transport),
+in a process that never imports the config module (nothing under the step reads a config)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from rlcore.rollout.base import SamplingParams
 from rlcore.rollout.native import NativeEngine
 from rlcore.state import TrainState
 from rlcore.steps import rollout_step, score_step
+from rlcore.trainer.faults import Hooks
 from rlcore.trainer.learn import learn
 from rlcore.update import ModelState, UpdatePlan, build_optimizer, build_scheduler
 
@@ -39,6 +41,7 @@ class Handles:  # what `learn` uses: this process, no mesh, no reference model
     dist: DistInfo = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
     mesh: None = None
     ref_model: None = None
+    hooks: Hooks = Hooks()  # no test faults
 
 
 torch.manual_seed(0)
@@ -65,6 +68,39 @@ for step in (1, 2):
 scorer.close()
 changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
 assert changed and state.step == 2 and state.actor.step == 2, (changed, state.step, state.actor.step)
+assert "configs" not in sys.modules, "a step module imported the config"
+
+# the whole step: real Handles (typed, no config), the colocated transport, a plan with its rollout part
+from pathlib import Path
+import tempfile
+from rlcore.dist.mesh import DistInfo as Info
+from rlcore.dist.placement import place
+from rlcore.plan import RolloutPlan, Schedule
+from rlcore.trainer.handles import Handles as RunHandles
+from rlcore.trainer.logger import MetricsLogger
+from rlcore.trainer.samples import SampleWriter
+from rlcore.trainer.step import train_step
+from rlcore.trainer.transport import Colocated
+
+out = Path(tempfile.mkdtemp())
+placement = place(Info(rank=0, world_size=1, local_rank=0, device=torch.device("cpu")))
+scorer = RewardScorer(data_sources=["builtin/reverse"])
+handles = RunHandles(out_dir=out, placement=placement, dist=placement.local, mesh=placement.mesh,
+                     tokenizer=tokenizer, train_ds=prompts, val_ds=None, scorer=scorer, engine=engine,
+                     ref_model=None, logger=MetricsLogger(out, total_steps=4, enabled=False),
+                     samples=SampleWriter(out, tokenizer, k=0), transport=Colocated())
+plan = dataclasses.replace(plan, rollout=RolloutPlan(sampling=SamplingParams(n=4, max_tokens=plan.horizon)),
+                           schedule=Schedule(steps=4, sync_bucket_bytes=2**20))
+before = {k: v.clone() for k, v in model.state_dict().items()}
+expect = prompts.take(prompts.take(state.cursor, 4)[1], 4)[1]  # two more batches of 4 prompts
+for _ in (3, 4):
+    state, metrics = train_step(state, handles, algorithm, plan)
+    assert torch.isfinite(torch.as_tensor(metrics["actor/pg_loss"])), metrics
+    assert metrics["sync/bytes"] == 0.0  # the native engine samples from the trained module itself
+scorer.close()
+changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
+assert changed and state.step == 4 and state.actor.step == 4 and state.policy_version == 2, (state.step, state.actor.step)
+assert state.cursor == expect, (state.cursor, expect)
 assert "configs" not in sys.modules, "a step module imported the config"
 print("ok", len(changed))
 """

@@ -19,9 +19,11 @@ import torch
 
 from configs import FULL_LR, AlgoConfig, Config, CriticConfig, OptimConfig, corrects
 from rlcore.algorithm import ESTIMATOR_INPUTS, Algorithm, parameters
-from rlcore.plan import ForwardPlan, KLControl, StepPlan
+from rlcore.plan import ForwardPlan, KLControl, RolloutPlan, Schedule, StepPlan
 from rlcore.pure.advantages import ESTIMATORS
 from rlcore.pure.losses import POLICY_LOSSES, value_loss
+from rlcore.rewards.step import OverlongPenalty
+from rlcore.rollout.base import SamplingParams
 from rlcore.steps import correction_step
 from rlcore.update import ModelState, UpdatePlan, build_optimizer, build_scheduler
 
@@ -67,8 +69,34 @@ def step_plan(cfg: Config) -> StepPlan:
     )
     return StepPlan(forward=forward, actor=actor_plan(cfg), critic=critic_plan(cfg),
                     critic_warmup=cfg.critic.critic_warmup, kl=kl, horizon=cfg.rollout.max_tokens,
-                    batch_size=cfg.data.batch_size,
-                    seed=cfg.trainer.seed, needs_ref=needs_ref(cfg))  # fmt: skip
+                    batch_size=cfg.data.batch_size, seed=cfg.trainer.seed, needs_ref=needs_ref(cfg),
+                    rollout=rollout_plan(cfg), schedule=schedule(cfg), sft=a.objective == "sft")  # fmt: skip
+
+
+def rollout_plan(cfg: Config) -> RolloutPlan:
+    """The RolloutPlan of --rollout, --algo's dynamic sampling and --reward's overlong penalty."""
+    r, a, w = cfg.rollout, cfg.algo, cfg.reward
+    sampling = SamplingParams(n=r.n, max_tokens=r.max_tokens, temperature=r.temperature, top_p=r.top_p,
+                              top_k=r.top_k)  # fmt: skip
+    overlong = None
+    if w.overlong_buffer_length > 0:
+        overlong = OverlongPenalty(buffer_length=w.overlong_buffer_length,
+                                   penalty_factor=w.overlong_penalty_factor, max_length=r.max_tokens)  # fmt: skip
+    return RolloutPlan(sampling=sampling, dynamic=a.dynamic_sampling, rounds=a.max_sampling_rounds,
+                       overlong=overlong, val_n=r.val_n)  # fmt: skip
+
+
+def schedule(cfg: Config) -> Schedule:
+    """The Schedule of --trainer's length and cadences and --pipeline's staleness and mode."""
+    t, p = cfg.trainer, cfg.pipeline
+    return Schedule(steps=t.steps, max_staleness=p.max_staleness, stream=p.mode == "stream",
+                    partial=p.partial_rollout, val_every=t.val_every, save_every=t.save_every,
+                    keep_last=t.keep_last, sync_bucket_bytes=sync_bucket_bytes(cfg))  # fmt: skip
+
+
+def sync_bucket_bytes(cfg: Config) -> int:
+    """--rollout.sync-bucket-mb in bytes (at least 1: one tensor per bucket)."""
+    return max(1, int(cfg.rollout.sync_bucket_mb * 2**20))
 
 
 def needs_ref(cfg: Config) -> bool:

@@ -26,9 +26,11 @@ from rlcore.rollout.env import EnvSpecError
 from rlcore.state import TrainState
 from rlcore.trainer import agents, models
 from rlcore.trainer.algorithm import bind
+from rlcore.trainer.faults import Hooks
 from rlcore.trainer.handles import Handles, Outbox
 from rlcore.trainer.logger import MetricsLogger
 from rlcore.trainer.samples import SampleWriter
+from rlcore.trainer.transport import transport_of
 
 USER_ERRORS = (ConfigError, DataError, RewardSpecError, EnvSpecError)
 """What the user fixes: one `error:` line and exit 2."""
@@ -86,11 +88,20 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm, StepPlan]:
     samples = SampleWriter(out_dir, tokenizer, k=cfg.log.samples if placement.writes else 0,
                            wandb_run=logger.wandb_run)  # fmt: skip
     state = TrainState(actor=actor, critic=critic, kl_coef=cfg.algo.kl_coef, cursor=Cursor())
-    h = Handles(cfg=cfg, out_dir=out_dir, placement=placement, dist=dist, mesh=mesh, tokenizer=tokenizer,
+    h = Handles(out_dir=out_dir, placement=placement, dist=dist, mesh=mesh, tokenizer=tokenizer,
                 train_ds=train_ds, val_ds=val_ds, scorer=scorer, engine=engine, ref_model=ref_model, logger=logger,
-                samples=samples,
-                outbox=Outbox() if placement.role == "trainer" else None)  # fmt: skip
+                samples=samples, transport=transport_of(placement.role), model_base=model_base(cfg),
+                hooks=Hooks.from_env(), outbox=Outbox() if placement.role == "trainer" else None)  # fmt: skip
     return state, h, algorithm, plan
+
+
+def model_base(cfg: Config) -> dict[str, Any]:
+    """What a LoRA checkpoint's adapters were trained on (a resume must load the same base and shape)."""
+    m = cfg.model
+    if m.lora_rank == 0:
+        return {"lora_rank": 0}
+    return {"path": m.path, "lora_rank": m.lora_rank, "lora_alpha": m.lora_alpha,
+            "lora_targets": list(m.lora_targets)}  # fmt: skip
 
 
 def _datasets(

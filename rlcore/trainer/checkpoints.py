@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlcore.dist.transfer import json_tensor, tensor_json
 from rlcore.state import Health, TrainState, rollouts_from_tensors, rollouts_to_tensors
-from rlcore.trainer import faults, signals
+from rlcore.trainer import signals
 from rlcore.trainer.errors import StopRun, reason
 
 if TYPE_CHECKING:
@@ -50,22 +50,9 @@ def _extra(state: TrainState, h: Handles) -> dict[str, Any]:
         "actor_updates": state.actor.step,
         "policy_version": state.policy_version,
         "placement": _placement(h),
-        "base": _base(h.cfg),
+        "base": h.model_base,
         "health": state.health.to_json(),
         **({} if h.placement.split else _generator_extra(state, h)),
-    }
-
-
-def _base(cfg: Any) -> dict[str, Any]:
-    """What a LoRA checkpoint's adapters were trained on (a resume must load the same base and shape)."""
-    m = cfg.model
-    if m.lora_rank == 0:
-        return {"lora_rank": 0}
-    return {
-        "path": m.path,
-        "lora_rank": m.lora_rank,
-        "lora_alpha": m.lora_alpha,
-        "lora_targets": list(m.lora_targets),
     }
 
 
@@ -82,23 +69,18 @@ def _placement(h: Handles) -> dict[str, Any]:
     return {"placement": "split", "rollout_ranks": len(h.placement.rollout_ranks)}
 
 
-def save_due(cfg: Any, step: int) -> bool:
-    """Whether the run saves after `step`: every --trainer.save-every steps and after the last."""
-    every = cfg.trainer.save_every
-    return every > 0 and (step % every == 0 or step == cfg.trainer.steps)
-
-
-def save(state: TrainState, h: Handles) -> None:
-    """checkpoints/step_<state.step>: the TrainState (models and optimizers by DCP, the rest JSON)."""
+def save(state: TrainState, h: Handles, *, keep_last: int) -> None:
+    """checkpoints/step_<state.step>: the TrainState (models and optimizers by DCP, the rest JSON); only
+    the newest `keep_last` are kept (0: all)."""
     from rlcore.dist.checkpoint import prune
 
     root, step = h.out_dir / "checkpoints", state.step
     with signals.deferred(second_sigint=lambda: _abandon(root, step, h.placement.writes)):
         _save(state, h, root, step)
         if h.placement.writes:
-            prune(root, h.cfg.trainer.keep_last)
+            prune(root, keep_last)
             if state.critic is not None:
-                prune(root / "critic", h.cfg.trainer.keep_last)
+                prune(root / "critic", keep_last)
 
 
 def _save(state: TrainState, h: Handles, root: Path, step: int) -> None:
@@ -137,12 +119,12 @@ def _write(state: TrainState, h: Handles, root: Path) -> None:
         own = {"rollout/json": json_tensor(_generator_extra(state, h))}
         tensors = rollouts_to_tensors(state.pending) | own
         save_checkpoint(root, step, None, None, tensors=tensors, dcp_group=trainers,
-                        before_commit=lambda: faults.before_commit(step))  # fmt: skip
+                        before_commit=lambda: h.hooks.before_commit(step))  # fmt: skip
         return
     if critic is not None:  # saved first, by the trainer ranks: an actor checkpoint at N implies the critic's
         save_checkpoint(root / "critic", step, critic.model, critic.optimizer, group=trainers,
                         extra={"scheduler": critic.scheduler.state_dict(), "updates": critic.step},
-                        during_write=lambda: faults.signal_in_save(step, "critic"))  # fmt: skip
+                        during_write=lambda: h.hooks.in_save(step, "critic"))  # fmt: skip
     save_checkpoint(
         root,
         step,
@@ -150,18 +132,17 @@ def _write(state: TrainState, h: Handles, root: Path) -> None:
         state.actor.optimizer,
         extra=_extra(state, h),
         tensors=rollouts_to_tensors(state.pending),
-        before_commit=lambda: faults.before_commit(step),
-        during_write=lambda: faults.signal_in_save(step, "policy"),
+        before_commit=lambda: h.hooks.before_commit(step),
+        during_write=lambda: h.hooks.in_save(step, "policy"),
         dcp_group=trainers,
     )
 
 
-def resume(state: TrainState, h: Handles) -> TrainState:
-    """The TrainState of the checkpoint --resume names (auto: the newest complete one), or `state` for
-    a fresh start (whose stale metrics records, if any, are dropped)."""
+def resume(state: TrainState, h: Handles, spec: str) -> TrainState:
+    """The TrainState of the checkpoint `spec` (--resume) names (auto: the newest complete one; none), or
+    `state` for a fresh start (whose stale metrics records, if any, are dropped)."""
     from rlcore.dist.checkpoint import COMPLETE, latest_checkpoint
 
-    spec = h.cfg.resume
     path = None
     if spec != "none":
         path = latest_checkpoint(h.out_dir / "checkpoints") if spec == "auto" else Path(spec)
@@ -209,8 +190,8 @@ def _check_base(path: Path, h: Handles, spec: str) -> None:
     (checkpoints without the record, from before LoRA, are full-weight ones: nothing to check)."""
     extra = path / "extra.json"
     saved = json.loads(extra.read_text()).get("base") if extra.is_file() else None
-    if saved is not None and saved != _base(h.cfg):
-        said = ", ".join(f"{k} {saved[k]}" for k in _base(h.cfg) if k in saved)
+    if saved is not None and saved != h.model_base:
+        said = ", ".join(f"{k} {saved[k]}" for k in h.model_base if k in saved)
         raise StopRun(
             f"--resume {spec}: {path} holds a model trained with {said}; resume it with the same --model.path "
             "and --model.lora-* flags (or use --resume none)"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,11 +18,10 @@ from rlcore.batch import Batch
 from rlcore.data.dataset import Cursor
 from rlcore.data.prompts import pad_token_id
 from rlcore.dist.reduce import all_reduce_int
-from rlcore.rewards.step import OverlongPenalty
+from rlcore.plan import StepPlan
 from rlcore.rollout.base import SamplingParams
 from rlcore.state import Rollout, TrainState
 from rlcore.steps import concat_rollouts, filter_groups, group_signal, rollout_step, score_step
-from rlcore.trainer import faults
 from rlcore.trainer.phases import phase
 
 if TYPE_CHECKING:
@@ -34,27 +33,10 @@ def step_seed(seed: int, step: int, what: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{seed}:{step}:{what}".encode(), digest_size=7).digest(), "little")
 
 
-def sampling(cfg: Any, step: int, round_: int = 0, rank: int = 0) -> SamplingParams:
+def sampling(plan: StepPlan, step: int, round_: int = 0, rank: int = 0) -> SamplingParams:
     """Step `step`'s sampling; each rank draws its own stream (its prompts are not another rank's)."""
-    r = cfg.rollout
-    return SamplingParams(
-        n=r.n,
-        max_tokens=r.max_tokens,
-        temperature=r.temperature,
-        top_p=r.top_p,
-        top_k=r.top_k,
-        seed=step_seed(cfg.trainer.seed, step, f"train{round_}" + (f"/rank{rank}" if rank else "")),
-    )
-
-
-def overlong(cfg: Any) -> OverlongPenalty | None:
-    r = cfg.reward
-    if r.overlong_buffer_length <= 0:
-        return None
-    return OverlongPenalty(
-        buffer_length=r.overlong_buffer_length,
-        penalty_factor=r.overlong_penalty_factor,
-        max_length=cfg.rollout.max_tokens,
+    return plan.rollout.seeded(
+        step_seed(plan.seed, step, f"train{round_}" + (f"/rank{rank}" if rank else ""))
     )
 
 
@@ -75,30 +57,33 @@ def from_first_peer(batch: Batch, h: Handles) -> Batch:
     return box[0].to(h.dist.device)
 
 
-def due(state: TrainState, cfg: Any) -> range:
-    """The steps whose batches may be generated now and are not pending yet: up to state.step + 1 + K
-    (K = --pipeline.max-staleness, capped at the last step), so that the batch of step t is generated
-    with policy version max(0, t - 1 - K) at the oldest (lag mode: exactly; K = 0: synchronous)."""
-    first = state.pending[-1].step + 1 if state.pending else state.step + 1
-    return range(first, min(state.step + 1 + cfg.pipeline.max_staleness, cfg.trainer.steps) + 1)
+def due(state: TrainState, plan: StepPlan) -> range:
+    """The steps whose batches may be generated now and are not pending yet (`Schedule.due`): the batch
+    of step t is generated with policy version max(0, t - 1 - K) at the oldest (lag mode: exactly)."""
+    return plan.schedule.due(state.step, state.pending[-1].step if state.pending else None)
 
 
-def fill(state: TrainState, h: Handles, algorithm: Algorithm) -> TrainState:
+def fill(state: TrainState, h: Handles, algorithm: Algorithm, plan: StepPlan) -> TrainState:
     """Generate, with the engine's current weights, the batches of every step `due` (lag mode)."""
-    for step in due(state, h.cfg):
-        state = generate(state, h, algorithm, step)
+    for step in due(state, plan):
+        state = generate(state, h, algorithm, plan, step)
     return state
 
 
 def generate(
-    state: TrainState, h: Handles, algorithm: Algorithm, step: int, extra: dict[str, float] | None = None
+    state: TrainState,
+    h: Handles,
+    algorithm: Algorithm,
+    plan: StepPlan,
+    step: int,
+    extra: dict[str, float] | None = None,
 ) -> TrainState:
     """The state with the batch of `step` appended to `pending` (generated with the engine's weights,
     version state.policy_version, tagged per token in `rollout_versions`) and the cursor after its
     prompts; `extra` metrics are logged with it."""
-    batch, metrics, cursor = collect(state, h, algorithm, step)
+    batch, metrics, cursor = collect(state, h, algorithm, plan, step)
     batch = from_first_peer(batch, h)
-    faults.slow_rollout()  # test-only (RLCORE_TEST_SLOW_ROLLOUT_S)
+    h.hooks.slow_rollout()  # test-only (RLCORE_TEST_SLOW_ROLLOUT_S)
     versions = torch.full(batch["responses"].shape, state.policy_version, dtype=torch.long)  # (b, t)
     batch = batch.with_(rollout_versions=versions)
     floats = {k: float(v) for k, v in metrics.items()} | dict(extra or {})
@@ -107,26 +92,26 @@ def generate(
 
 
 def collect(
-    state: TrainState, h: Handles, algorithm: Algorithm, step: int
+    state: TrainState, h: Handles, algorithm: Algorithm, plan: StepPlan, step: int
 ) -> tuple[Batch, dict[str, torch.Tensor], Cursor]:
     """Rollout + rewards for step `step`; with dynamic sampling, more rounds until every rank's share of
     the batch is full. Returns this rank's rows, metrics, and the cursor after the prompts drawn."""
-    cfg, cursor = h.cfg, state.cursor
-    share = cfg.data.batch_size // h.dist.world_size  # this rank's prompts
-    dynamic = cfg.algo.dynamic_sampling
+    cursor, r = state.cursor, plan.rollout
+    share = plan.batch_size // h.dist.world_size  # this rank's prompts
+    dynamic = r.dynamic
     kept: list[Batch] = []
     metrics: dict[str, torch.Tensor] = {}
     groups_seen = groups_kept = 0
-    for round_ in range(cfg.algo.max_sampling_rounds if dynamic else 1):
-        drawn, cursor = h.train_ds.take(cursor, cfg.data.batch_size)
+    for round_ in range(r.rounds if dynamic else 1):
+        drawn, cursor = h.train_ds.take(cursor, plan.batch_size)
         prompts = this_rank(h, drawn)
         with phase("rollout"):
-            batch, m = rollout_step(h.engine, prompts, sampling(cfg, step, round_, h.dist.rank))
+            batch, m = rollout_step(h.engine, prompts, sampling(plan, step, round_, h.dist.rank))
         with phase("scoring"):
-            faults.stall(h.dist.rank, step, "scoring")  # test-only (RLCORE_TEST_STALL)
-            batch, rm = score_step(h.scorer, batch, tokenizer=h.tokenizer, overlong=overlong(cfg))
+            h.hooks.stall(h.dist.rank, step, "scoring")  # test-only (RLCORE_TEST_STALL)
+            batch, rm = score_step(h.scorer, batch, tokenizer=h.tokenizer, overlong=r.overlong)
         if algorithm.needs_greedy_baseline:
-            batch = batch.with_(baseline_rewards=greedy_baseline(h, prompts))
+            batch = batch.with_(baseline_rewards=greedy_baseline(h, plan, prompts))
         if round_ == 0:
             metrics |= m | rm
             metrics["train/reward_mean"] = batch["token_scores"].sum(-1).mean()
@@ -140,21 +125,19 @@ def collect(
         if all_reduce_int(groups_kept, h.mesh, op="min") >= share:  # every rank is full
             break
     batch = concat_rollouts(kept, pad_token_id(h.tokenizer)) if len(kept) > 1 else kept[0]
-    batch = batch[: min(len(batch), share * cfg.rollout.n)]
+    batch = batch[: min(len(batch), share * r.sampling.n)]
     seen, kept_all = all_reduce_int(groups_seen, h.mesh), all_reduce_int(groups_kept, h.mesh)
     metrics["train/groups_drawn"] = torch.tensor(float(seen))  # over all ranks
     metrics["train/groups_kept_frac"] = torch.tensor(kept_all / max(seen, 1))
     return batch, metrics, cursor
 
 
-def greedy_baseline(h: Handles, prompts: Batch) -> torch.Tensor:
+def greedy_baseline(h: Handles, plan: StepPlan, prompts: Batch) -> torch.Tensor:
     """ReMax: the reward of each prompt's greedy response, repeated for its n samples.  # (b * n,)"""
-    cfg = h.cfg
-    greedy = SamplingParams(n=1, max_tokens=cfg.rollout.max_tokens, temperature=0.0)
-    batch, _ = score_step(
-        h.scorer, h.engine.generate(prompts, greedy), tokenizer=h.tokenizer, overlong=overlong(cfg)
-    )
-    return batch["token_scores"].sum(-1).repeat_interleave(cfg.rollout.n)
+    r = plan.rollout
+    generated = h.engine.generate(prompts, r.greedy())
+    batch, _ = score_step(h.scorer, generated, tokenizer=h.tokenizer, overlong=r.overlong)
+    return batch["token_scores"].sum(-1).repeat_interleave(r.sampling.n)
 
 
 def staleness(batch: Batch, version: int) -> dict[str, float]:

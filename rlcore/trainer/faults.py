@@ -23,20 +23,23 @@
     RLCORE_TEST_SLOW_DECODE_S=0.2      with partial rollouts, every decode step takes 0.2 s longer (pushes
                                        then arrive while a batch is being generated)
 
-The run loop calls `kill_point` at its phase boundaries, `checkpoints.save` calls `before_commit`,
-`signal_in_save` from inside DCP's write, `learn` passes the advantages through `poison`, the weight push asks `push_per_bucket`, and
+`Hooks.from_env()` is the only reader of these variables: the shell builds the hooks once
+(`Handles.hooks`) and the library receives them as a value; `Hooks()` does nothing. The run loop calls
+`kill_point` at its phase boundaries, `checkpoints.save` calls `before_commit`, `signal_in_save` from
+inside DCP's write, `learn` passes the advantages through `poison`, the weight push asks `per_bucket`,
 `collect.generate` calls `slow_rollout`, `collect.collect` calls `stall`. tests/reliability drives them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import math
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,81 +51,113 @@ if TYPE_CHECKING:
 PHASES = ("rollout", "update", "save")
 
 
-def stall(rank: int, step: int, phase: str) -> None:
-    """Sleep for an hour if RLCORE_TEST_STALL names (rank, step, phase)."""
-    if os.environ.get("RLCORE_TEST_STALL") == f"{rank}:{step}:{phase}":
-        if os.environ.get("RLCORE_TEST_STALL_MUTE") == "1":
-            from rlcore.trainer.phases import disarm
-
-            disarm()
-        time.sleep(3600)
+def _fields(spec: str, n: int) -> list[str] | None:
+    parts = spec.split(":")
+    return parts if spec and len(parts) == n else None
 
 
-def kill_point(step: int, phase: str) -> None:
-    """SIGKILL (or RLCORE_TEST_KILL_SIGNAL) this process if RLCORE_TEST_KILL_AT names (step, phase)."""
-    assert phase in PHASES, phase
-    if os.environ.get("RLCORE_TEST_KILL_AT") == f"{step}:{phase}":
-        os.kill(os.getpid(), signal.Signals[os.environ.get("RLCORE_TEST_KILL_SIGNAL", "SIGKILL")])
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Hooks:
+    """Test-only faults as a value (all defaults: none)."""
 
+    kill_at: str = ""
+    """"step:phase" at which this process dies of `kill_signal`."""
+    kill_signal: str = "SIGKILL"
+    pause_in_save_s: float = 0.0
+    save_error: str = ""
+    """"step:rank" whose checkpoint save fails with ENOSPC."""
+    signal_in_save: str = ""
+    """"step:part:SIGNAL" sent to this process inside DCP's write of that part's checkpoint."""
+    nan_steps: frozenset[int] = frozenset()
+    dump_state: Path | None = None
+    sync_per_bucket: bool = False
+    slow_rollout_s: float = 0.0
+    slow_decode_s: float = 0.0
+    stall_at: str = ""
+    """"rank:step:phase" in which this process sleeps for an hour."""
+    stall_mute: bool = False
+    rank: int = 0
+    """This process's global rank (what `save_error` names)."""
 
-def before_commit(step: int) -> None:
-    """Inside a checkpoint save, with its files written and not yet committed: pause, maybe die or fail."""
-    pause = os.environ.get("RLCORE_TEST_PAUSE_IN_SAVE")
-    if pause:
-        time.sleep(float(pause))
-    kill_point(step, "save")
-    if os.environ.get("RLCORE_TEST_SAVE_ERROR") == f"{step}:{os.environ.get('RANK', '0')}":
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Hooks:
+        """The hooks the RLCORE_TEST_* variables ask for (the one place they are read)."""
+        e = os.environ if env is None else env
+        nan = {int(s) for s in e.get("RLCORE_TEST_NAN_AT_STEPS", "").split(",") if s.strip()}
+        dump = e.get("RLCORE_TEST_DUMP_STATE")
+        return cls(kill_at=e.get("RLCORE_TEST_KILL_AT", ""), kill_signal=e.get("RLCORE_TEST_KILL_SIGNAL", "SIGKILL"),
+                   pause_in_save_s=float(e.get("RLCORE_TEST_PAUSE_IN_SAVE") or 0),
+                   save_error=e.get("RLCORE_TEST_SAVE_ERROR", ""),
+                   signal_in_save=e.get("RLCORE_TEST_SIGNAL_IN_SAVE", ""), nan_steps=frozenset(nan),
+                   dump_state=Path(dump) if dump else None,
+                   sync_per_bucket=e.get("RLCORE_TEST_SYNC_PER_BUCKET") == "1",
+                   slow_rollout_s=float(e.get("RLCORE_TEST_SLOW_ROLLOUT_S") or 0),
+                   slow_decode_s=float(e.get("RLCORE_TEST_SLOW_DECODE_S") or 0),
+                   stall_at=e.get("RLCORE_TEST_STALL", ""), stall_mute=e.get("RLCORE_TEST_STALL_MUTE") == "1",
+                   rank=int(e.get("RANK", "0")))  # fmt: skip
 
+    def stall(self, rank: int, step: int, phase: str) -> None:
+        """Sleep for an hour if `stall_at` names (rank, step, phase)."""
+        if self.stall_at == f"{rank}:{step}:{phase}":
+            if self.stall_mute:
+                from rlcore.trainer.phases import disarm
 
-def signal_in_save(step: int, part: str) -> None:
-    """Send this process the signal RLCORE_TEST_SIGNAL_IN_SAVE names if it names (step, part)."""
-    spec = os.environ.get("RLCORE_TEST_SIGNAL_IN_SAVE", "").split(":")
-    if len(spec) == 3 and spec[:2] == [str(step), part]:
-        os.kill(os.getpid(), signal.Signals[spec[2]])
+                disarm()
+            time.sleep(3600)
 
+    def kill_point(self, step: int, phase: str) -> None:
+        """Die of `kill_signal` if `kill_at` names (step, phase)."""
+        assert phase in PHASES, phase
+        if self.kill_at == f"{step}:{phase}":
+            os.kill(os.getpid(), signal.Signals[self.kill_signal])
 
-def slow_rollout() -> None:
-    """Sleep RLCORE_TEST_SLOW_ROLLOUT_S seconds, if set."""
-    delay = os.environ.get("RLCORE_TEST_SLOW_ROLLOUT_S")
-    if delay:
-        time.sleep(float(delay))
+    def before_commit(self, step: int) -> None:
+        """Inside a checkpoint save, its files written and not yet committed: pause, maybe die or fail."""
+        if self.pause_in_save_s:
+            time.sleep(self.pause_in_save_s)
+        self.kill_point(step, "save")
+        if self.save_error == f"{step}:{self.rank}":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
+    def in_save(self, step: int, part: str) -> None:
+        """Send this process the signal `signal_in_save` names if it names (step, part)."""
+        spec = _fields(self.signal_in_save, 3)
+        if spec is not None and spec[:2] == [str(step), part]:
+            os.kill(os.getpid(), signal.Signals[spec[2]])
 
-def slow_decode() -> None:
-    """Sleep RLCORE_TEST_SLOW_DECODE_S seconds, if set."""
-    delay = os.environ.get("RLCORE_TEST_SLOW_DECODE_S")
-    if delay:
-        time.sleep(float(delay))
+    def slow_rollout(self) -> None:
+        if self.slow_rollout_s:
+            time.sleep(self.slow_rollout_s)
 
+    def slow_decode(self) -> None:
+        if self.slow_decode_s:
+            time.sleep(self.slow_decode_s)
 
-def poison(batch: Batch, step: int) -> Batch:
-    """The batch with NaN advantages if RLCORE_TEST_NAN_AT_STEPS lists `step`, else the batch itself."""
-    steps = os.environ.get("RLCORE_TEST_NAN_AT_STEPS", "")
-    if str(step) not in steps.split(","):
-        return batch
-    return batch.with_(advantages=batch["advantages"] * math.nan, overwrite=True)
+    def poison(self, batch: Batch, step: int) -> Batch:
+        """The batch with NaN advantages if `nan_steps` holds `step`, else the batch itself."""
+        if step not in self.nan_steps:
+            return batch
+        return batch.with_(advantages=batch["advantages"] * math.nan, overwrite=True)
 
+    def per_bucket(self, engine: object, push: object) -> bool:
+        """With `sync_per_bucket`, feed `push` to `engine` one bucket per `load_weights` call (the old,
+        broken sync) and return True; else do nothing and return False."""
+        if not self.sync_per_bucket:
+            return False
+        for bucket in push._buckets:  # type: ignore[attr-defined]
+            engine.load_weights(bucket)  # type: ignore[attr-defined]
+        return True
 
-def push_per_bucket(engine: object, push: object) -> bool:
-    """With RLCORE_TEST_SYNC_PER_BUCKET=1, feed `push` to `engine` one bucket per `load_weights` call (the
-    old, broken sync) and return True; else do nothing and return False."""
-    if os.environ.get("RLCORE_TEST_SYNC_PER_BUCKET") != "1":
-        return False
-    for bucket in push._buckets:  # type: ignore[attr-defined]
-        engine.load_weights(bucket)  # type: ignore[attr-defined]
-    return True
-
-
-def dump_state(state: Any, h: Handles, engine_holds: Callable[[Any, Any], bool]) -> None:
-    """RLCORE_TEST_DUMP_STATE=DIR: this rank writes DIR/rank<r>.json, the run state that must agree
-    across ranks and whether its engine holds the trained weights, as `engine_holds(model, engine)` says
-    (a collective: every rank calls it)."""
-    directory = os.environ.get("RLCORE_TEST_DUMP_STATE")
-    if not directory or state.actor is None:  # a rollout rank of split placement holds no policy
-        return
-    record = {"step": state.step, "kl_coef": state.kl_coef, "data": h.train_ds.cursor_state(state.cursor),
-              "bad_updates": state.bad_updates, "policy_version": state.policy_version,
-              "engine_matches_policy": engine_holds(state.actor.model, h.engine)}  # fmt: skip
-    Path(directory).mkdir(parents=True, exist_ok=True)
-    (Path(directory) / f"rank{h.dist.rank}.json").write_text(json.dumps(record, sort_keys=True))
+    def dump(self, state: Any, h: Handles, engine_holds: Callable[[Any, Any], bool]) -> None:
+        """`dump_state`: this rank writes DIR/rank<r>.json, the run state that must agree across ranks
+        and whether its engine holds the trained weights, as `engine_holds(model, engine)` says (a
+        collective: every rank calls it)."""
+        if (
+            self.dump_state is None or state.actor is None
+        ):  # a rollout rank of split placement holds no policy
+            return
+        record = {"step": state.step, "kl_coef": state.kl_coef, "data": h.train_ds.cursor_state(state.cursor),
+                  "bad_updates": state.bad_updates, "policy_version": state.policy_version,
+                  "engine_matches_policy": engine_holds(state.actor.model, h.engine)}  # fmt: skip
+        self.dump_state.mkdir(parents=True, exist_ok=True)
+        (self.dump_state / f"rank{h.dist.rank}.json").write_text(json.dumps(record, sort_keys=True))

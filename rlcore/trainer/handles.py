@@ -10,14 +10,15 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from configs import Config
 from rlcore.data.dataset import PromptDataset
 from rlcore.dist.mesh import DistInfo
 from rlcore.dist.placement import Placement
 from rlcore.rewards.pool import RewardScorer
 from rlcore.rollout.base import RolloutEngine
+from rlcore.trainer.faults import Hooks
 from rlcore.trainer.logger import MetricsLogger
 from rlcore.trainer.samples import SampleWriter
+from rlcore.trainer.transport import Transport
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -43,7 +44,6 @@ class Outbox:
 class Handles:
     """What the steps use and never replace (the engine's weights change by pushes, its identity not)."""
 
-    cfg: Config
     out_dir: Path
     placement: Placement
     """This rank's role (colocate: both) and the groups between the roles (rlcore.dist.placement)."""
@@ -63,5 +63,12 @@ class Handles:
     logger: MetricsLogger
     samples: SampleWriter
     """Each step's first --log.samples samples as text (a writer that writes nothing off rank 0)."""
+    transport: Transport
+    """How this training rank gets rollouts and pushes weights (rlcore.trainer.transport; a rollout rank
+    of split placement runs rlcore.trainer.split's loop instead)."""
+    model_base: dict[str, Any] = dataclasses.field(default_factory=lambda: {"lora_rank": 0})
+    """What the policy's adapters are trained on (a resume must load the same base and LoRA shape)."""
+    hooks: Hooks = dataclasses.field(default_factory=Hooks)
+    """Test-only faults (rlcore.trainer.faults; the shell reads them from the environment once)."""
     outbox: Outbox | None = None
     """The trainer leader's weight pushes in flight (split placement; stream mode does not wait for them)."""

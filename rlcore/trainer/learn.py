@@ -29,7 +29,6 @@ from rlcore.plan import KLControl, StepPlan
 from rlcore.pure.kl import adaptive_kl_coef
 from rlcore.state import TrainState
 from rlcore.steps import advantage_step, logprob_gap, logprob_step
-from rlcore.trainer import faults
 from rlcore.trainer.collect import step_seed
 from rlcore.trainer.phases import phase
 from rlcore.update import update_step
@@ -79,7 +78,7 @@ def learn(
         batch = batch.with_(values=values)
     with phase("advantages"):
         batch, am = advantage_step(batch, algorithm, kl_coef=state.kl_coef)
-    batch = faults.poison(batch, step)  # test-only NaN injection (RLCORE_TEST_NAN_AT_STEPS)
+    batch = h.hooks.poison(batch, step)  # test-only NaN injection (RLCORE_TEST_NAN_AT_STEPS)
     metrics |= am
     update_started = time.perf_counter()
     if state.critic is not None:

@@ -1,4 +1,5 @@
-"""Building the models, the optimizer state and the rollout engine of a run; weight sync; final/ export."""
+"""Building the models, the optimizer state and the rollout engine of a run; final/ export (the weight
+push is rlcore.trainer.weights)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from configs import Config, ConfigError
 from rlcore.dist.reduce import world_max
 from rlcore.models.policy import load_model, load_tokenizer
-from rlcore.trainer import faults
-from rlcore.trainer.algorithm import DTYPES
+from rlcore.trainer.algorithm import DTYPES, sync_bucket_bytes
 
 
 def tokenizer_of(cfg: Config) -> Any:
@@ -272,65 +270,6 @@ def _directory(path: str) -> Path:
         return model_directory(path)
     except ValueError as e:
         raise ConfigError(f"--model.path: {e}") from None
-
-
-def sync_bucket_bytes(cfg: Config) -> int:
-    """--rollout.sync-bucket-mb in bytes (at least 1: one tensor per bucket)."""
-    return max(1, int(cfg.rollout.sync_bucket_mb * 2**20))
-
-
-def _engine_model(engine: Any) -> Any:
-    """The module a native engine samples with (under the agent loop's wrapper too); None for vLLM."""
-    return getattr(getattr(engine, "inner", engine), "model", None)
-
-
-def push_weights(model: Any, engine: Any, *, bucket_bytes: int) -> dict[str, float]:
-    """Push `model`'s full weights into `engine` as one update, gathered `bucket_bytes` at a time
-    (nothing to do when the engine samples from `model` itself); returns `sync/bytes` and
-    `sync/tensors` pushed. A collective under FSDP: every rank calls it."""
-    if _engine_model(engine) is model:
-        return {"sync/bytes": 0.0, "sync/tensors": 0.0}  # the native engine samples from the trained module
-    from rlcore.models.lora import adapter_params, is_lora, save_adapter
-
-    inner = getattr(engine, "inner", engine)
-    takes_adapters = hasattr(inner, "use_adapter")  # vLLM: the adapter as a LoRA request, via a directory
-    if is_lora(model) and takes_adapters:
-        directory = inner.adapter_dir()
-        save_adapter(model, directory, write=True)  # a gather under FSDP; every rank writes its engine's copy
-        inner.use_adapter(directory)
-        pushed = [p for _, p in adapter_params(model)]
-        return {
-            "sync/bytes": float(sum(p.numel() * p.element_size() for p in pushed)),
-            "sync/tensors": float(len(pushed)),
-        }
-    from rlcore.dist.stream import WeightPush
-    from rlcore.models.lora import adapter_params, is_lora
-
-    state = adapter_params if is_lora(model) else None  # LoRA: the base is the engine's own, never moves
-    with WeightPush(model, bucket_bytes=bucket_bytes, all_ranks=True, state=state) as push:
-        if not faults.push_per_bucket(engine, push):  # test-only: the old, broken per-bucket sync
-            engine.load_weights(push)  # one call: vLLM reloads stacked q/k/v and gate/up groups whole
-    return {"sync/bytes": float(push.bytes), "sync/tensors": float(push.tensors)}
-
-
-def engine_holds(model: Any, engine: Any) -> bool | None:
-    """Whether `engine` samples with `model`'s current weights (None: cannot tell, e.g. vLLM). A
-    collective under FSDP: every rank calls it."""
-    own = _engine_model(engine)
-    if own is model:
-        return True
-    if own is None:
-        return None
-    from rlcore.dist.stream import iter_full_state
-    from rlcore.rollout.native import canonical_name
-
-    mine = own.state_dict()
-    same = True
-    for bucket in iter_full_state(model, all_ranks=True):
-        same &= all(
-            torch.equal(mine[canonical_name(n)], t.to(mine[canonical_name(n)].device)) for n, t in bucket
-        )
-    return same
 
 
 def save_final(

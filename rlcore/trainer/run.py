@@ -1,7 +1,7 @@
 """The training run as a short story: build → loop → close. Used by train.py.
 
     state, handles, algorithm, plan = build(cfg)
-    state = checkpoints.resume(state, handles)                     # --resume auto|none|PATH
+    state = checkpoints.resume(state, handles, cfg.resume)         # --resume auto|none|PATH
     state, metrics = train_step(state, handles, algorithm, plan)  # one step, a new TrainState
 
 `TrainState` (rlcore.state) is everything a step changes; `Handles` are what a step uses but does not
@@ -21,7 +21,7 @@ from rlcore.dist.mesh import close_distributed, group_rank, group_size
 from rlcore.plan import StepPlan
 from rlcore.rewards.pool import RewardError
 from rlcore.state import TrainState
-from rlcore.trainer import checkpoints, faults, models, signals, split
+from rlcore.trainer import checkpoints, models, signals, split
 from rlcore.trainer.build import USER_ERRORS, build
 from rlcore.trainer.collect import step_seed
 from rlcore.trainer.errors import StopRun, reason
@@ -39,8 +39,9 @@ from rlcore.trainer.phases import (
     watching,
 )
 from rlcore.trainer.plots import plot_curves
-from rlcore.trainer.step import start_engine, train_step
-from rlcore.trainer.validation import val_due, validate_policy
+from rlcore.trainer.step import train_step
+from rlcore.trainer.transport import Colocated
+from rlcore.trainer.weights import engine_holds
 
 __all__ = ["Handles", "TrainingDiverged", "build", "run", "step_seed", "train_step"]
 
@@ -62,8 +63,8 @@ def run(cfg: Config) -> int:
     try:
         with signals.handling(grace_s=cfg.trainer.preempt_grace_s, newest=lambda: checkpoints.newest(checkpoint_dir),
                               at_once=h.placement.split):  # fmt: skip
-            state = loop(state, h, algorithm, plan)
-        faults.dump_state(state, h, models.engine_holds)  # test-only (RLCORE_TEST_DUMP_STATE)
+            state = loop(state, h, algorithm, plan, cfg)
+        h.hooks.dump(state, h, engine_holds)  # test-only (RLCORE_TEST_DUMP_STATE)
     except StopRun as e:  # disk trouble, an unusable checkpoint: the user's to fix
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
@@ -104,13 +105,15 @@ def run(cfg: Config) -> int:
 # ---------------------------------------------------------------- loop
 
 
-def loop(state: TrainState, h: Handles, algorithm: Algorithm, plan: StepPlan) -> TrainState:
+def loop(state: TrainState, h: Handles, algorithm: Algorithm, plan: StepPlan, cfg: Config) -> TrainState:
     """The training loop; on a rollout rank of split placement, the rollout loop that feeds it. Both run
-    under the hang watchdog (--trainer.hang-timeout-s)."""
-    with watching(_watchdog(h.cfg)):
+    under the hang watchdog (--trainer.hang-timeout-s), from the checkpoint --resume names."""
+    with watching(_watchdog(cfg)):
+        state = checkpoints.resume(state, h, cfg.resume)
         if not h.placement.trains:
-            return split.rollout_loop(state, h, algorithm, validate=_validation)
-        return _train_loop(state, h, algorithm, plan)
+            validate = Colocated().validation  # the engine is this rank's
+            return split.rollout_loop(state, h, algorithm, plan, lambda step: validate(h, plan, step))
+        return _train_loop(state, h, algorithm, plan, cfg)
 
 
 def _watchdog(cfg: Config) -> Watchdog | None:
@@ -119,17 +122,19 @@ def _watchdog(cfg: Config) -> Watchdog | None:
     return Watchdog(cfg.trainer.hang_timeout_s, rank=group_rank(), world=group_size())
 
 
-def _train_loop(state: TrainState, h: Handles, algorithm: Algorithm, plan: StepPlan) -> TrainState:
-    cfg = h.cfg
-    state = checkpoints.resume(state, h)
-    start_engine(state, h)
-    if state.step == 0 and val_due(h, 0):
+def _train_loop(
+    state: TrainState, h: Handles, algorithm: Algorithm, plan: StepPlan, cfg: Config
+) -> TrainState:
+    schedule, transport = plan.schedule, h.transport
+    # the engine starts from the policy's weights (restored ones after a resume): not a new version
+    transport.push(state.actor.model, h, plan, step=state.step, version=state.policy_version)
+    if state.step == 0 and _val_due(h, plan, 0):
         with phase("validation"):
-            h.logger.log(0, _validation(h, 0))
+            h.logger.log(0, transport.validation(h, plan, 0))
     h.logger.begin(state.step)
     profiler = StepProfiler(profile_steps(cfg.trainer.profile_steps), h.out_dir, group_rank())
     last_finite = {}
-    while state.step < cfg.trainer.steps:
+    while state.step < schedule.steps:
         at_step(state.step + 1)
         profiler.before(state.step + 1)
         state, metrics = train_step(state, h, algorithm, plan)
@@ -138,41 +143,38 @@ def _train_loop(state: TrainState, h: Handles, algorithm: Algorithm, plan: StepP
         last_finite = check_bad_updates(
             state.bad_updates, step, update, last_finite, limit=cfg.trainer.max_bad_updates
         )
-        health, checked, warnings = check_health(
-            state.health,
-            metrics,
-            step=step,
-            engine=cfg.rollout.engine,
-            dtype=_gap_dtype(cfg),
-            max_tokens=cfg.rollout.max_tokens,
-        )
+        health, checked, warnings = check_health(state.health, metrics, step=step, engine=cfg.rollout.engine,
+                                                 dtype=_gap_dtype(cfg), max_tokens=plan.horizon)  # fmt: skip
         state, metrics = dataclasses.replace(state, health=health), metrics | checked
         if h.placement.writes:
             for line in warnings:
                 print(line, file=sys.stderr, flush=True)
-        if val_due(h, step):
+        if _val_due(h, plan, step):
             with phase("validation"):
-                metrics |= _validation(h, step)
+                metrics |= transport.validation(h, plan, step)
         profiler.after(step)
         h.logger.log(step, metrics)
-        saved = checkpoints.save_due(cfg, step)
+        saved = schedule.save_due(step)
         if saved:
             with phase("checkpoint"):
-                checkpoints.save(state, h)
-        if not h.placement.split and signals.preempt_requested():  # every rank alike: a reduced flag
-            _preempted(state, h, saved=saved)
-    if h.outbox is not None:  # stream mode: the rollout ranks take the last pushes
-        h.outbox.flush()
-    _finish(state, h)
+                checkpoints.save(state, h, keep_last=schedule.keep_last)
+        if not transport.stops_at_once and signals.preempt_requested():  # every rank alike: a reduced flag
+            _preempted(state, h, plan, saved=saved)
+    transport.finish(h)
+    _finish(state, h, cfg)
     return state
 
 
-def _preempted(state: TrainState, h: Handles, *, saved: bool) -> None:
+def _val_due(h: Handles, plan: StepPlan, step: int) -> bool:
+    return h.val_ds is not None and plan.schedule.val_due(step)
+
+
+def _preempted(state: TrainState, h: Handles, plan: StepPlan, *, saved: bool) -> None:
     """A preemption signal reached some rank: the finished step's checkpoint (unless just written), then
     `Preempted` (exit 143)."""
     if not saved:
         with phase("checkpoint"):
-            checkpoints.save(state, h)
+            checkpoints.save(state, h, keep_last=plan.schedule.keep_last)
     raise signals.Preempted(state.step, h.out_dir / "checkpoints" / f"step_{state.step}")
 
 
@@ -181,28 +183,17 @@ def _gap_dtype(cfg: Config) -> str:
     return "bfloat16" if "bfloat16" in (cfg.model.dtype, cfg.model.compute_dtype) else "float32"
 
 
-def _validation(h: Handles, step: int) -> dict[str, float]:
-    """The engine's policy on the validation set (on a trainer rank of split placement: what rollout
-    rank 0 measured, received by the leader)."""
-    if h.engine is None:
-        return split.receive_validation(h)
-    assert h.val_ds is not None
-    return validate_policy(h.engine, h.val_ds, h.scorer, h.tokenizer, max_tokens=h.cfg.rollout.max_tokens,
-                           k=h.cfg.rollout.val_n, seed=step_seed(h.cfg.trainer.seed, step, "val"),
-                           samples=lambda batch: h.samples.write(step, batch, validation=True))  # fmt: skip
-
-
-def _finish(state: TrainState, h: Handles) -> None:
+def _finish(state: TrainState, h: Handles, cfg: Config) -> None:
     """out_dir/final (the HF directory) and curves.png; a full disk here is one line, exit 2."""
     from safetensors import SafetensorError
 
     try:
         models.save_final(
-            state.actor.model, h.tokenizer, h.out_dir, group=h.placement.trainers, base=h.cfg.model.path
+            state.actor.model, h.tokenizer, h.out_dir, group=h.placement.trainers, base=cfg.model.path
         )
         if h.placement.writes:
             records = read_metrics(h.out_dir / "metrics.jsonl")
-            plot_curves(records, h.out_dir / "curves.png", title=f"{h.cfg.preset}: {h.cfg.model.path}")
+            plot_curves(records, h.out_dir / "curves.png", title=f"{cfg.preset}: {cfg.model.path}")
     except (OSError, SafetensorError) as e:
         raise StopRun(
             f"cannot write the final model or curves under {h.out_dir} ({reason(e)}); free disk space, then "

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -46,11 +47,11 @@ from rlcore.dist.transfer import (
     send_batch,
     tensor_json,
 )
+from rlcore.plan import StepPlan
 from rlcore.state import Rollout, TrainState
 from rlcore.steps import concat_rollouts
-from rlcore.trainer import checkpoints, faults
+from rlcore.trainer import checkpoints
 from rlcore.trainer.collect import due, generate
-from rlcore.trainer.validation import val_due
 
 if TYPE_CHECKING:
     from rlcore.trainer.handles import Handles
@@ -72,10 +73,10 @@ def routes(groups: int, rank: int, rollout_ranks: int, trainer_ranks: int) -> li
 # ---------------------------------------------------------------- rollouts: rollout ranks -> trainer ranks
 
 
-def send_rollout(rollout: Rollout, h: Handles) -> list[Any]:
+def send_rollout(rollout: Rollout, h: Handles, plan: StepPlan) -> list[Any]:
     """Send this rollout rank's share of `rollout` to every trainer rank (a collective of the rollout
     ranks: they agree on the groups kept and on the step's metrics); returns the pending sends."""
-    n, p = h.cfg.rollout.n, h.placement
+    n, p = plan.rollout.sampling.n, h.placement
     groups = all_reduce_int(len(rollout.batch) // n, h.mesh, op="min")
     info = {
         "step": rollout.step,
@@ -112,13 +113,15 @@ def receive_rollout(state: TrainState, h: Handles) -> tuple[Rollout, float]:
 # ---------------------------------------------------------------- weights: trainer ranks -> rollout ranks
 
 
-def push_weights(model: Any, h: Handles, *, step: int, version: int, bucket_bytes: int) -> dict[str, float]:
+def push_weights(
+    model: Any, h: Handles, *, step: int, version: int, bucket_bytes: int, stream: bool
+) -> dict[str, float]:
     """Tell the rollout ranks that `step` steps are trained and the policy is `version`, with the weights
     of `model` (gathered over the trainer ranks, broadcast by the leader), or without (`model` None: the
     weights did not change, e.g. an empty step). Every trainer rank calls it. In stream mode the leader
     does not wait for the rollout ranks to receive it (`h.outbox` keeps it until they have)."""
     p = h.placement
-    leads, stream = dist.get_rank() == p.leader, h.cfg.pipeline.mode == "stream"
+    leads = dist.get_rank() == p.leader
     started = time.perf_counter()
     if leads:  # lag mode: blocks until the rollout ranks take it, which they do when their schedule needs it
         announce = torch.tensor([step, version, int(model is not None)], device=group_device(p.push))
@@ -205,38 +208,43 @@ def receive_validation(h: Handles) -> dict[str, float]:
 # ---------------------------------------------------------------- the rollout ranks' loop
 
 
-def rollout_loop(state: TrainState, h: Handles, algorithm: Algorithm, validate: Any) -> TrainState:
+def rollout_loop(
+    state: TrainState,
+    h: Handles,
+    algorithm: Algorithm,
+    plan: StepPlan,
+    validate: Callable[[int], dict[str, float]],
+) -> TrainState:
     """Generate the batches the schedule allows, send them, take the trainer's pushes; validate and save
     where the trainer does. Lag mode: every allowed batch, then wait for the next push (each batch
     is generated with version max(0, t - 1 - K) exactly). Stream mode: one batch at a time, each with the
     newest weights that have arrived (still at most K versions behind), waiting only when K binds.
-    `validate(h, step)` measures the engine's policy."""
-    cfg, last = h.cfg, h.cfg.trainer.steps
-    inbox = Inbox(h) if cfg.pipeline.mode == "stream" else None
-    state = checkpoints.resume(state, h)
+    `validate(step)` measures the engine's policy; `state` is the restored one after a resume."""
+    last = plan.schedule.steps
+    inbox = Inbox(h) if plan.schedule.stream else None
     state, _ = receive_push(state, h)  # the starting (or restored) weights
     if inbox is not None and state.step < last:
         inbox.post()
-    works = [w for r in state.pending for w in send_rollout(r, h)]  # restored: sent before, not trained
+    works = [w for r in state.pending for w in send_rollout(r, h, plan)]  # restored: sent before, not trained
     if state.step == 0:
-        _validate(h, 0, validate)
+        _validate(h, plan, 0, validate)
     idle = 0.0
     while True:
         if inbox is not None:
             while state.step < last and inbox.arrived():  # pushes that came while this rank generated
-                state = _took(receive_push(state, h, inbox.take())[0], h, validate, inbox)
-        steps = due(state, cfg)
+                state = _took(receive_push(state, h, inbox.take())[0], h, plan, validate, inbox)
+        steps = due(state, plan)
         if steps:
             for step in steps[:1] if inbox is not None else steps:  # stream: one batch, then new weights
                 extra = {"pipeline/rollout_idle_s": idle}
-                if cfg.pipeline.partial_rollout:
-                    state, took = _generate_partial(state, h, algorithm, step, extra, inbox)
+                if plan.schedule.partial:
+                    state, took = _generate_partial(state, h, algorithm, plan, step, extra, inbox)
                 else:
-                    state, took = generate(state, h, algorithm, step, extra), []
-                works += send_rollout(state.pending[-1], h)
+                    state, took = generate(state, h, algorithm, plan, step, extra), []
+                works += send_rollout(state.pending[-1], h, plan)
                 idle = 0.0
                 for pushed in took:  # pushes taken mid-batch: validate and save now, with the batch sent
-                    _took(dataclasses.replace(state, step=pushed), h, validate, None)
+                    _took(dataclasses.replace(state, step=pushed), h, plan, validate, None)
             continue
         if state.step >= last:
             break
@@ -245,32 +253,38 @@ def rollout_loop(state: TrainState, h: Handles, algorithm: Algorithm, validate: 
         state, waited = receive_push(state, h, announce)
         idle += waited + (time.perf_counter() - started if inbox is not None else 0.0)
         works = [w for w in works if not w.is_completed()]
-        state = _took(state, h, validate, inbox)
+        state = _took(state, h, plan, validate, inbox)
     for w in works:
         w.wait()
     return state
 
 
 def _generate_partial(
-    state: TrainState, h: Handles, algorithm: Algorithm, step: int, extra: dict[str, float], inbox: Inbox
+    state: TrainState,
+    h: Handles,
+    algorithm: Algorithm,
+    plan: StepPlan,
+    step: int,
+    extra: dict[str, float],
+    inbox: Inbox,
 ) -> tuple[TrainState, list[int]]:
     """`generate` with every push that arrives between decode steps loaded at once (partial rollouts):
     the batch's `rollout_versions` change at the token where each push came in. Returns the state (at
     the last push's step and version) and the steps of the pushes taken, whose validation and
     checkpoint wait for the batch (the trainer waits for them before its next push)."""
     changes: list[tuple[int, int]] = []  # (first token sampled with it, version)
-    now = {"state": state}
+    now, last = {"state": state}, plan.schedule.steps
 
     def take(token: int) -> None:
-        faults.slow_decode()  # test-only (RLCORE_TEST_SLOW_DECODE_S)
-        while now["state"].step < h.cfg.trainer.steps and inbox.arrived():
+        h.hooks.slow_decode()  # test-only (RLCORE_TEST_SLOW_DECODE_S)
+        while now["state"].step < last and inbox.arrived():
             now["state"], _ = receive_push(now["state"], h, inbox.take())
             changes.append((token, now["state"].policy_version))
-            if now["state"].step < h.cfg.trainer.steps:
+            if now["state"].step < last:
                 inbox.post()
 
     with h.engine.each_step(take):  # the native engine, single-turn (configs.validate)
-        done = generate(state, h, algorithm, step, extra)
+        done = generate(state, h, algorithm, plan, step, extra)
     rollout, latest = done.pending[-1], now["state"]
     versions = rollout.batch["rollout_versions"].clone()  # (b, t)
     for token, version in changes:
@@ -285,19 +299,25 @@ def _generate_partial(
     ), took
 
 
-def _took(state: TrainState, h: Handles, validate: Any, inbox: Inbox | None) -> TrainState:
+def _took(
+    state: TrainState,
+    h: Handles,
+    plan: StepPlan,
+    validate: Callable[[int], dict[str, float]],
+    inbox: Inbox | None,
+) -> TrainState:
     """After a push: validate and save where the trainer does, then listen for the next push."""
-    _validate(h, state.step, validate)
-    if checkpoints.save_due(h.cfg, state.step):
-        checkpoints.save(state, h)
-    if inbox is not None and state.step < h.cfg.trainer.steps:
+    _validate(h, plan, state.step, validate)
+    if plan.schedule.save_due(state.step):
+        checkpoints.save(state, h, keep_last=plan.schedule.keep_last)
+    if inbox is not None and state.step < plan.schedule.steps:
         inbox.post()
     return state
 
 
-def _validate(h: Handles, step: int, validate: Any) -> None:
-    if h.dist.rank == 0 and val_due(h, step):
-        send_validation(validate(h, step), h)
+def _validate(h: Handles, plan: StepPlan, step: int, validate: Callable[[int], dict[str, float]]) -> None:
+    if h.dist.rank == 0 and h.val_ds is not None and plan.schedule.val_due(step):
+        send_validation(validate(step), h)
 
 
 __all__ = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -13,9 +13,6 @@ from rlcore.data.dataset import PromptDataset
 from rlcore.rewards.pool import RewardScorer
 from rlcore.rewards.step import score_step
 from rlcore.rollout.base import RolloutEngine, SamplingParams
-
-if TYPE_CHECKING:
-    from rlcore.trainer.handles import Handles
 
 
 def _scores(engine: RolloutEngine, dataset: PromptDataset, scorer: RewardScorer, tokenizer: Any, sampling,
@@ -68,10 +65,3 @@ def validate_policy(
             best[uid] = max(best.get(uid, -torch.inf), score)
         metrics["val/pass@k"] = sum(best.values()) / len(best)
     return metrics
-
-
-def val_due(h: Handles, step: int) -> bool:
-    """Whether the run validates after `step` (0: before the first step): every --trainer.val-every
-    steps and after the last, when there is a validation set."""
-    every, last = h.cfg.trainer.val_every, h.cfg.trainer.steps
-    return h.val_ds is not None and every > 0 and (step % every == 0 or step == last)

@@ -1,0 +1,140 @@
+"""Placement as one seam: how a training rank gets its rollouts and gives its weights back.
+
+    rollout, state, metrics = transport.next_rollout(state, h, algorithm, plan)
+    with transport.learning(h) as metrics: ...                # the engine asleep while the trainer learns
+    metrics = transport.push(model, h, plan, step=s, version=v)   # model None: nothing changed (also the
+                                                              # engine's start: the policy's own version)
+    metrics = transport.validation(h, plan, step)
+    transport.finish(h)
+
+`Colocated` generates on the trainer's own ranks and pushes into its own engine; `SplitTrainer` receives
+batches from the rollout ranks and pushes weights to them (rlcore.trainer.split holds the other side).
+The step (`rlcore.trainer.step`) calls these and never asks which placement it runs under. A new
+placement is one more class with these methods, chosen in `rlcore.trainer.build`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Protocol
+
+from torch import nn
+
+from rlcore.algorithm import Algorithm
+from rlcore.plan import StepPlan
+from rlcore.state import Rollout, TrainState
+from rlcore.trainer import split
+from rlcore.trainer.collect import fill, step_seed
+from rlcore.trainer.logger import gpu_free_mb
+from rlcore.trainer.validation import validate_policy
+from rlcore.trainer.weights import push_weights
+
+if TYPE_CHECKING:
+    from rlcore.trainer.handles import Handles
+
+
+class Transport(Protocol):
+    """What the training ranks' step needs of its placement."""
+
+    stops_at_once: bool
+    """A preemption signal stops the run at once (else after the step, with a checkpoint)."""
+
+    def next_rollout(
+        self, state: TrainState, h: Handles, algorithm: Algorithm, plan: StepPlan
+    ) -> tuple[Rollout, TrainState, dict[str, float]]: ...
+
+    def learning(self, h: Handles) -> contextlib.AbstractContextManager[dict[str, float]]: ...
+
+    def push(
+        self, model: nn.Module | None, h: Handles, plan: StepPlan, *, step: int, version: int
+    ) -> dict[str, float]: ...
+
+    def validation(self, h: Handles, plan: StepPlan, step: int) -> dict[str, float]: ...
+
+    def finish(self, h: Handles) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Colocated:
+    """Rollout and training on the same ranks: the engine lives here and sleeps while the trainer learns."""
+
+    stops_at_once: bool = False
+
+    def next_rollout(
+        self, state: TrainState, h: Handles, algorithm: Algorithm, plan: StepPlan
+    ) -> tuple[Rollout, TrainState, dict[str, float]]:
+        """The batch of the next step, generated here (with up to K more ahead, lag mode)."""
+        state = fill(state, h, algorithm, plan)
+        return state.pending[0], dataclasses.replace(state, pending=state.pending[1:]), {}
+
+    @contextlib.contextmanager
+    def learning(self, h: Handles) -> Iterator[dict[str, float]]:
+        metrics: dict[str, float] = {}
+        free = gpu_free_mb()
+        h.engine.sleep()
+        if free is not None:  # CUDA: what the engine's sleep gave back to the device (vLLM's pools too)
+            metrics["perf/gpu_sleep_freed_mb"] = gpu_free_mb() - free
+        try:
+            yield metrics
+        finally:
+            h.engine.wake()
+
+    def push(
+        self, model: nn.Module | None, h: Handles, plan: StepPlan, *, step: int, version: int
+    ) -> dict[str, float]:
+        if model is None:  # nothing changed: the engine keeps what it has
+            return {}
+        bucket = plan.schedule.sync_bucket_bytes
+        return push_weights(model, h.engine, bucket_bytes=bucket, hooks=h.hooks)
+
+    def validation(self, h: Handles, plan: StepPlan, step: int) -> dict[str, float]:
+        """The engine's policy on the validation set."""
+        assert h.val_ds is not None
+        return validate_policy(h.engine, h.val_ds, h.scorer, h.tokenizer, max_tokens=plan.rollout.sampling.max_tokens,
+                               k=plan.rollout.val_n, seed=step_seed(plan.seed, step, "val"),
+                               samples=lambda batch: h.samples.write(step, batch, validation=True))  # fmt: skip
+
+    def finish(self, h: Handles) -> None:
+        pass
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitTrainer:
+    """A trainer rank of split placement: batches come from the rollout ranks, weights go to them (the
+    leader broadcasts); a preemption stops every role at once (their schedules cannot meet at a step)."""
+
+    stops_at_once: bool = True
+
+    def next_rollout(
+        self, state: TrainState, h: Handles, algorithm: Algorithm, plan: StepPlan
+    ) -> tuple[Rollout, TrainState, dict[str, float]]:
+        """The batch of the next step from the rollout ranks (`pipeline/trainer_idle_s`: the wait)."""
+        rollout, waited = split.receive_rollout(state, h)
+        return rollout, state, {"pipeline/trainer_idle_s": waited}
+
+    @contextlib.contextmanager
+    def learning(self, h: Handles) -> Iterator[dict[str, float]]:
+        yield {}  # no engine on this rank
+
+    def push(
+        self, model: nn.Module | None, h: Handles, plan: StepPlan, *, step: int, version: int
+    ) -> dict[str, float]:
+        """The rollout ranks move on to `step` with `version` (and `model`'s weights, unless None)."""
+        s = plan.schedule
+        return split.push_weights(model, h, step=step, version=version, bucket_bytes=s.sync_bucket_bytes,
+                                  stream=s.stream)  # fmt: skip
+
+    def validation(self, h: Handles, plan: StepPlan, step: int) -> dict[str, float]:
+        """What rollout rank 0 measured, received by the leader."""
+        return split.receive_validation(h)
+
+    def finish(self, h: Handles) -> None:
+        if h.outbox is not None:  # stream mode: the rollout ranks take the last pushes
+            h.outbox.flush()
+
+
+def transport_of(role: str) -> Transport:
+    """The transport of a training rank in `role` (colocate's "both", split's "trainer")."""
+    return SplitTrainer() if role == "trainer" else Colocated()

@@ -1,0 +1,66 @@
+"""Weights from the trained policy into a rollout engine: `push_weights` (one update of the engine per
+call, bucketed) and `engine_holds` (whether the engine samples with the policy's current weights)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rlcore.trainer.faults import Hooks
+
+
+def _engine_model(engine: Any) -> Any:
+    """The module a native engine samples with (under the agent loop's wrapper too); None for vLLM."""
+    return getattr(getattr(engine, "inner", engine), "model", None)
+
+
+def push_weights(
+    model: Any, engine: Any, *, bucket_bytes: int, hooks: Hooks | None = None
+) -> dict[str, float]:
+    """Push `model`'s full weights into `engine` as one update, gathered `bucket_bytes` at a time
+    (nothing to do when the engine samples from `model` itself); returns `sync/bytes` and
+    `sync/tensors` pushed. A collective under FSDP: every rank calls it."""
+    if _engine_model(engine) is model:
+        return {"sync/bytes": 0.0, "sync/tensors": 0.0}  # the native engine samples from the trained module
+    from rlcore.models.lora import adapter_params, is_lora, save_adapter
+
+    inner = getattr(engine, "inner", engine)
+    takes_adapters = hasattr(inner, "use_adapter")  # vLLM: the adapter as a LoRA request, via a directory
+    if is_lora(model) and takes_adapters:
+        directory = inner.adapter_dir()
+        save_adapter(model, directory, write=True)  # a gather under FSDP; every rank writes its engine's copy
+        inner.use_adapter(directory)
+        pushed = [p for _, p in adapter_params(model)]
+        return {
+            "sync/bytes": float(sum(p.numel() * p.element_size() for p in pushed)),
+            "sync/tensors": float(len(pushed)),
+        }
+    from rlcore.dist.stream import WeightPush
+    from rlcore.models.lora import adapter_params, is_lora
+
+    state = adapter_params if is_lora(model) else None  # LoRA: the base is the engine's own, never moves
+    with WeightPush(model, bucket_bytes=bucket_bytes, all_ranks=True, state=state) as push:
+        if hooks is None or not hooks.per_bucket(engine, push):  # test-only: the old, broken per-bucket sync
+            engine.load_weights(push)  # one call: vLLM reloads stacked q/k/v and gate/up groups whole
+    return {"sync/bytes": float(push.bytes), "sync/tensors": float(push.tensors)}
+
+
+def engine_holds(model: Any, engine: Any) -> bool | None:
+    """Whether `engine` samples with `model`'s current weights (None: cannot tell, e.g. vLLM). A
+    collective under FSDP: every rank calls it."""
+    own = _engine_model(engine)
+    if own is model:
+        return True
+    if own is None:
+        return None
+    from rlcore.dist.stream import iter_full_state
+    from rlcore.rollout.native import canonical_name
+
+    mine = own.state_dict()
+    same = True
+    for bucket in iter_full_state(model, all_ranks=True):
+        same &= all(
+            torch.equal(mine[canonical_name(n)], t.to(mine[canonical_name(n)].device)) for n, t in bucket
+        )
+    return same
