@@ -16,9 +16,9 @@ from configs import (
     PipelineConfig,
     RolloutConfig,
     TrainerConfig,
-    validate,
 )
 from rlcore.trainer.cli import UserError, condense, parse
+from rlcore.trainer.preflight import validate
 
 
 def with_(cfg: Config, **parts) -> Config:

@@ -5,7 +5,7 @@ Hyper-parameters reach a table entry (`rlcore.pure.advantages.ESTIMATORS`,
 `rlcore.pure.losses.POLICY_LOSSES`) by name: a keyword parameter of the entry named like an `--algo`
 field (`gamma`, `lam`, `norm_by_std`, `clip_low`, `clip_high`, `clip_c`, ...) is bound to that flag's
 value, and a policy loss's `agg` to `--algo.loss-agg`. An entry a user adds from their own script
-(`ESTIMATORS["mine"] = fn`) is bound the same way and checked by `configs.validate` like a built-in.
+(`ESTIMATORS["mine"] = fn`) is bound the same way and checked by `check_algorithm` like a built-in.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from typing import Any
 
 import torch
 
-from configs import FULL_LR, AlgoConfig, Config, CriticConfig, OptimConfig, corrects
-from rlcore.algorithm import ESTIMATOR_INPUTS, Algorithm, parameters
+from configs import AlgoConfig, Config, ConfigError, CriticConfig, OptimConfig
+from rlcore.algorithm import ESTIMATOR_INPUTS, Algorithm, estimator_inputs, missing_inputs, parameters
 from rlcore.plan import ForwardPlan, KLControl, RolloutPlan, Schedule, StepPlan
 from rlcore.pure.advantages import ESTIMATORS
+from rlcore.pure.kl import KL_KINDS
 from rlcore.pure.losses import POLICY_LOSSES, value_loss
 from rlcore.rewards.step import OverlongPenalty
 from rlcore.rollout.base import SamplingParams
@@ -31,6 +32,92 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 """--model.dtype / --model.compute-dtype names to torch dtypes."""
 
 _ALGO_FIELDS = frozenset(f.name for f in dataclasses.fields(AlgoConfig))
+
+FULL_LR, LORA_LR = 1e-3, 5e-3
+"""--optim.lr when not given: full fine-tuning, LoRA (see OptimConfig.lr)."""
+
+
+def learning_rate(optim: OptimConfig, *, lora: bool = False) -> float:
+    """--optim.lr, or its default: LoRA's (`lora`) or full fine-tuning's."""
+    if optim.lr is not None:
+        return optim.lr
+    return LORA_LR if lora else FULL_LR
+
+
+def corrects(a: AlgoConfig) -> bool:
+    """Whether an off-policy correction of old vs rollout log-probs is on (--algo.rollout-is/-rs/-veto)."""
+    return a.rollout_is is not None or a.rollout_rs is not None or a.rollout_veto is not None
+
+
+def need(ok: bool, message: str) -> None:
+    """A pre-flight check: ConfigError(message) unless `ok`."""
+    if not ok:
+        raise ConfigError(message)
+
+
+def check_algorithm(cfg: Config) -> None:
+    """--algo's table entries, their parameters and the corrections, before anything is built."""
+    a = cfg.algo
+    need(
+        a.adv_estimator in ESTIMATORS,
+        f"--algo.adv-estimator {a.adv_estimator!r}: choose one of {sorted(ESTIMATORS)}",
+    )
+    need(
+        a.policy_loss in POLICY_LOSSES,
+        f"--algo.policy-loss {a.policy_loss!r}: choose one of {sorted(POLICY_LOSSES)}",
+    )
+    for flag, kind in (("--algo.kl-kind", a.kl_kind), ("--algo.kl-loss-kind", a.kl_loss_kind)):
+        need(kind in KL_KINDS, f"{flag} {kind!r}: choose one of {list(KL_KINDS)}")
+    _check_estimator(cfg)
+    need(
+        {"logprob", "old_logprob", "advantages", "response_mask"} <= parameters(POLICY_LOSSES[a.policy_loss]),
+        f"--algo.policy-loss {a.policy_loss}: a policy loss takes (logprob, old_logprob, advantages, response_mask, ...)",
+    )
+    _check_corrections(a)
+
+
+def _check_estimator(cfg: Config) -> None:
+    """The estimator's parameters are batch inputs or --algo flags; group estimators need n >= 2."""
+    a, n = cfg.algo, cfg.rollout.n
+    estimator = ESTIMATORS[a.adv_estimator]
+    unknown = [p for p in missing_inputs(estimator) if p not in _ALGO_FIELDS]
+    need(
+        not unknown,
+        f"--algo.adv-estimator {a.adv_estimator}: its parameters {unknown} are neither batch inputs "
+        f"(token_rewards, response_mask, group_ids, values, baseline_rewards) nor --algo flags; give them defaults",
+    )
+    inputs = estimator_inputs(estimator)
+    need(
+        "token_rewards" in inputs and "response_mask" in inputs,
+        f"--algo.adv-estimator {a.adv_estimator}: an estimator takes (token_rewards, response_mask, ...)",
+    )
+    need(
+        "group_ids" not in inputs or n >= 2 or a.objective == "sft",
+        f"--rollout.n {n}: --algo.adv-estimator {a.adv_estimator} compares samples of a prompt; use n >= 2",
+    )
+
+
+def _check_corrections(a: AlgoConfig) -> None:
+    """--algo.tis-cap, --algo.bypass and the --algo.rollout-* corrections fit together."""
+    need(
+        a.tis_cap is None or a.rollout_is is None,
+        f"--algo.tis-cap {a.tis_cap} and --algo.rollout-is {a.rollout_is}: both weight by old/rollout; use one",
+    )
+    need(
+        not (a.bypass and corrects(a)),
+        "--algo.bypass: the old policy is then the rollout's, so --algo.rollout-is / -rs / -veto would see "
+        "ratios of 1; drop them or drop --algo.bypass",
+    )
+    for flag, value in (
+        ("--algo.rollout-is-cap", a.rollout_is_cap),
+        ("--algo.rollout-rs-upper", a.rollout_rs_upper),
+    ):
+        need(value > 0, f"{flag} {value}: must be > 0")
+    need(
+        a.rollout_rs_lower is None or 0 <= a.rollout_rs_lower <= a.rollout_rs_upper,
+        f"--algo.rollout-rs-lower {a.rollout_rs_lower}: must be in [0, --algo.rollout-rs-upper {a.rollout_rs_upper}]",
+    )
+    need(a.rollout_veto is None or a.rollout_veto > 0, f"--algo.rollout-veto {a.rollout_veto}: must be > 0")
 
 
 def bind_flags(fn: Any, algo: AlgoConfig, **extra: Any) -> Any:
@@ -80,8 +167,11 @@ def rollout_plan(cfg: Config) -> RolloutPlan:
                               top_k=r.top_k)  # fmt: skip
     overlong = None
     if w.overlong_buffer_length > 0:
-        overlong = OverlongPenalty(buffer_length=w.overlong_buffer_length,
-                                   penalty_factor=w.overlong_penalty_factor, max_length=r.max_tokens)  # fmt: skip
+        overlong = OverlongPenalty(
+            buffer_length=w.overlong_buffer_length,
+            penalty_factor=w.overlong_penalty_factor,
+            max_length=r.max_tokens,
+        )
     return RolloutPlan(sampling=sampling, dynamic=a.dynamic_sampling, rounds=a.max_sampling_rounds,
                        overlong=overlong, val_n=r.val_n)  # fmt: skip
 
@@ -157,11 +247,11 @@ def critic_plan(cfg: Config) -> UpdatePlan:
     return update_plan(cfg.algo, grad_clip=cfg.critic.grad_clip, batch_size=cfg.data.batch_size)
 
 
-def optimizer(model: Any, optim: OptimConfig) -> Any:
-    """AdamW with --optim's settings."""
+def optimizer(model: Any, optim: OptimConfig, *, lora: bool = False) -> Any:
+    """AdamW with --optim's settings (the learning rate's default: LoRA's when `lora`)."""
     return build_optimizer(
         model,
-        lr=optim.lr if optim.lr is not None else FULL_LR,
+        lr=learning_rate(optim, lora=lora),
         betas=optim.betas,
         eps=optim.eps,
         weight_decay=optim.weight_decay,
@@ -176,9 +266,9 @@ def scheduler(opt: Any, optim: OptimConfig, total_updates: int) -> Any:
     )  # fmt: skip
 
 
-def model_state(model: Any, optim: OptimConfig, total_updates: int) -> ModelState:
+def model_state(model: Any, optim: OptimConfig, total_updates: int, *, lora: bool = False) -> ModelState:
     """`model` with AdamW and its schedule over `total_updates` updates, both from `optim`."""
-    opt = optimizer(model, optim)
+    opt = optimizer(model, optim, lora=lora)
     return ModelState(model=model, optimizer=opt, scheduler=scheduler(opt, optim, total_updates))
 
 

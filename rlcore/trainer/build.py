@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from configs import Config, ConfigError, validate
+from configs import Config, ConfigError
 from rlcore.algorithm import Algorithm
 from rlcore.data.dataset import Cursor, PromptDataset
 from rlcore.data.rows import DataError
@@ -25,10 +25,11 @@ from rlcore.rewards.pool import RewardScorer
 from rlcore.rollout.env import EnvSpecError
 from rlcore.state import TrainState
 from rlcore.trainer import agents, models
-from rlcore.trainer.algorithm import bind
+from rlcore.trainer.algorithm import bind, learning_rate
 from rlcore.trainer.faults import Hooks
 from rlcore.trainer.handles import Handles, Outbox
 from rlcore.trainer.logger import MetricsLogger
+from rlcore.trainer.preflight import validate
 from rlcore.trainer.samples import SampleWriter
 from rlcore.trainer.transport import transport_of
 
@@ -78,9 +79,9 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm, StepPlan]:
     critic = models.build_critic_state(cfg, placement) if algorithm.needs_critic and trains else None
     if placement.writes:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+        (out_dir / "config.json").write_text(json.dumps(record(cfg), indent=2))
     logger = MetricsLogger(out_dir, total_steps=cfg.trainer.steps, enabled=placement.writes, wandb_mode=cfg.log.wandb,
-                           wandb_project=cfg.log.project, run_name=out_dir.name, config=dataclasses.asdict(cfg),
+                           wandb_project=cfg.log.project, run_name=out_dir.name, config=record(cfg),
                            progress=cfg.log.progress)  # fmt: skip
     report_data(cfg, train_ds, val_ds, logger, prints=placement.writes)
     if actor is not None:  # what trains (a LoRA policy: the adapters) and what the optimizer holds
@@ -93,6 +94,14 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm, StepPlan]:
                 samples=samples, transport=transport_of(placement.role), model_base=model_base(cfg),
                 hooks=Hooks.from_env(), outbox=Outbox() if placement.role == "trainer" else None)  # fmt: skip
     return state, h, algorithm, plan
+
+
+def record(cfg: Config) -> dict[str, Any]:
+    """The config as config.json and W&B record it: every flag, defaults that depend on others resolved
+    (the learning rate; the config itself keeps None)."""
+    out = dataclasses.asdict(cfg)
+    out["optim"]["lr"] = learning_rate(cfg.optim, lora=cfg.model.lora_rank > 0)
+    return out
 
 
 def model_base(cfg: Config) -> dict[str, Any]:

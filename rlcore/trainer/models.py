@@ -99,7 +99,7 @@ def build_state(cfg: Config, model: Any, dist: Any) -> Any:
     """The actor's ModelState: the policy with AdamW (--optim) and its schedule over the run's updates."""
     from rlcore.trainer.algorithm import model_state, updates_per_run
 
-    return model_state(model, cfg.optim, updates_per_run(cfg))
+    return model_state(model, cfg.optim, updates_per_run(cfg), lora=cfg.model.lora_rank > 0)
 
 
 def build_engine(cfg: Config, model: Any, tokenizer: Any, dist: Any) -> Any:

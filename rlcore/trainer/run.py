@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from configs import Config, resolved
+from configs import Config
 from rlcore.algorithm import Algorithm
 from rlcore.dist.mesh import close_distributed, group_rank, group_size
 from rlcore.plan import StepPlan
@@ -48,7 +48,6 @@ __all__ = ["Handles", "TrainingDiverged", "build", "run", "step_seed", "train_st
 
 def run(cfg: Config) -> int:
     """Train to the end; user errors print one line and return 2, a diverged run 3."""
-    cfg = resolved(cfg)  # defaults that depend on other flags (the LoRA learning rate)
     try:
         state, h, algorithm, plan = build(cfg)
     except USER_ERRORS as e:

@@ -283,7 +283,7 @@ def _generate_partial(
             if now["state"].step < last:
                 inbox.post()
 
-    with h.engine.each_step(take):  # the native engine, single-turn (configs.validate)
+    with h.engine.each_step(take):  # the native engine, single-turn (the pre-flight checks)
         done = generate(state, h, algorithm, plan, step, extra)
     rollout, latest = done.pending[-1], now["state"]
     versions = rollout.batch["rollout_versions"].clone()  # (b, t)

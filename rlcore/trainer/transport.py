@@ -92,9 +92,16 @@ class Colocated:
     def validation(self, h: Handles, plan: StepPlan, step: int) -> dict[str, float]:
         """The engine's policy on the validation set."""
         assert h.val_ds is not None
-        return validate_policy(h.engine, h.val_ds, h.scorer, h.tokenizer, max_tokens=plan.rollout.sampling.max_tokens,
-                               k=plan.rollout.val_n, seed=step_seed(plan.seed, step, "val"),
-                               samples=lambda batch: h.samples.write(step, batch, validation=True))  # fmt: skip
+        return validate_policy(
+            h.engine,
+            h.val_ds,
+            h.scorer,
+            h.tokenizer,
+            max_tokens=plan.rollout.sampling.max_tokens,
+            k=plan.rollout.val_n,
+            seed=step_seed(plan.seed, step, "val"),
+            samples=lambda batch: h.samples.write(step, batch, validation=True),
+        )
 
     def finish(self, h: Handles) -> None:
         pass
@@ -123,8 +130,9 @@ class SplitTrainer:
     ) -> dict[str, float]:
         """The rollout ranks move on to `step` with `version` (and `model`'s weights, unless None)."""
         s = plan.schedule
-        return split.push_weights(model, h, step=step, version=version, bucket_bytes=s.sync_bucket_bytes,
-                                  stream=s.stream)  # fmt: skip
+        return split.push_weights(
+            model, h, step=step, version=version, bucket_bytes=s.sync_bucket_bytes, stream=s.stream
+        )
 
     def validation(self, h: Handles, plan: StepPlan, step: int) -> dict[str, float]:
         """What rollout rank 0 measured, received by the leader."""
