@@ -56,18 +56,9 @@ def phase(name: str) -> Iterator[None]:
 
 
 def at_step(step: int) -> None:
-    """The loop starts step `step` (progress, and the step the watchdog and an interrupt report)."""
-    _STEP[0] = step
+    """The loop starts step `step` (progress, and the step the watchdog reports)."""
     if _ACTIVE is not None:
         _ACTIVE.at_step(step)
-
-
-def current_step() -> int:
-    """The step the loop is in (0 before the first)."""
-    return _STEP[0]
-
-
-_STEP = [0]
 
 
 @contextlib.contextmanager

@@ -33,7 +33,6 @@ from rlcore.trainer.phases import (
     StepProfiler,
     Watchdog,
     at_step,
-    current_step,
     phase,
     profile_steps,
     watching,
@@ -59,16 +58,18 @@ def run(cfg: Config) -> int:
         close_distributed()
         return signals.EXIT_INTERRUPTED
     checkpoint_dir = h.out_dir / "checkpoints"
+    preemption = signals.Preemption(grace_s=cfg.trainer.preempt_grace_s, at_once=h.placement.split,
+                                    newest=lambda: checkpoints.newest(checkpoint_dir))  # fmt: skip
+    control = Control(cfg=cfg, preemption=preemption)
     try:
-        with signals.handling(grace_s=cfg.trainer.preempt_grace_s, newest=lambda: checkpoints.newest(checkpoint_dir),
-                              at_once=h.placement.split):  # fmt: skip
-            state = loop(state, h, algorithm, plan, cfg)
+        with preemption.handling():
+            state = loop(state, h, algorithm, plan, control)
         h.hooks.dump(state, h, engine_holds)  # test-only (RLCORE_TEST_DUMP_STATE)
     except StopRun as e:  # disk trouble, an unusable checkpoint: the user's to fix
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     except RewardError as e:  # the step stops before the update that would have used the scores
-        print(f"error: step {current_step()}: {e}", file=sys.stderr, flush=True)
+        print(f"error: step {control.step}: {e}", file=sys.stderr, flush=True)
         return 2
     except TrainingDiverged as e:
         print(f"error: {e}", file=sys.stderr)
@@ -78,7 +79,7 @@ def run(cfg: Config) -> int:
         return signals.EXIT_PREEMPTED
     except signals.Terminated as e:
         print(
-            f"{e} at step {current_step()} (split placement stops at once); the newest checkpoint is "
+            f"{e} at step {control.step} (split placement stops at once); the newest checkpoint is "
             f"{checkpoints.newest(checkpoint_dir)}; continue with --resume auto",
             file=sys.stderr,
             flush=True,
@@ -88,7 +89,7 @@ def run(cfg: Config) -> int:
         signals.exit_at_once_on_sigint()
         if h.placement.writes:
             checkpoints.discard_partial(checkpoint_dir)
-        print(f"interrupted at step {current_step()}; the newest checkpoint is {checkpoints.newest(checkpoint_dir)}; "
+        print(f"interrupted at step {control.step}; the newest checkpoint is {checkpoints.newest(checkpoint_dir)}; "
               "continue with --resume auto", file=sys.stderr, flush=True)  # fmt: skip
         return signals.EXIT_INTERRUPTED
     finally:
@@ -104,15 +105,26 @@ def run(cfg: Config) -> int:
 # ---------------------------------------------------------------- loop
 
 
-def loop(state: TrainState, h: Handles, algorithm: Algorithm, plan: StepPlan, cfg: Config) -> TrainState:
+@dataclasses.dataclass
+class Control:
+    """What the shell holds while the loop runs, and nothing else does: the config, the preemption flag
+    (its one owner), and the step in progress that the shell's error lines name (0 before the first)."""
+
+    cfg: Config
+    preemption: signals.Preemption
+    step: int = 0
+
+
+def loop(state: TrainState, h: Handles, algorithm: Algorithm, plan: StepPlan, control: Control) -> TrainState:
     """The training loop; on a rollout rank of split placement, the rollout loop that feeds it. Both run
     under the hang watchdog (--trainer.hang-timeout-s), from the checkpoint --resume names."""
+    cfg = control.cfg
     with watching(_watchdog(cfg)):
         state = checkpoints.resume(state, h, cfg.resume)
         if not h.placement.trains:
             validate = Colocated().validation  # the engine is this rank's
             return split.rollout_loop(state, h, algorithm, plan, lambda step: validate(h, plan, step))
-        return _train_loop(state, h, algorithm, plan, cfg)
+        return _train_loop(state, h, algorithm, plan, control)
 
 
 def _watchdog(cfg: Config) -> Watchdog | None:
@@ -122,9 +134,9 @@ def _watchdog(cfg: Config) -> Watchdog | None:
 
 
 def _train_loop(
-    state: TrainState, h: Handles, algorithm: Algorithm, plan: StepPlan, cfg: Config
+    state: TrainState, h: Handles, algorithm: Algorithm, plan: StepPlan, control: Control
 ) -> TrainState:
-    schedule, transport = plan.schedule, h.transport
+    cfg, schedule, transport = control.cfg, plan.schedule, h.transport
     # the engine starts from the policy's weights (restored ones after a resume): not a new version
     transport.push(state.actor.model, h, plan, step=state.step, version=state.policy_version)
     if state.step == 0 and _val_due(h, plan, 0):
@@ -134,8 +146,9 @@ def _train_loop(
     profiler = StepProfiler(profile_steps(cfg.trainer.profile_steps), h.out_dir, group_rank())
     last_finite = {}
     while state.step < schedule.steps:
-        at_step(state.step + 1)
-        profiler.before(state.step + 1)
+        control.step = state.step + 1
+        at_step(control.step)
+        profiler.before(control.step)
         state, metrics = train_step(state, h, algorithm, plan)
         step = state.step
         update = {k: v for k, v in metrics.items() if k.startswith("actor/")}
@@ -157,7 +170,7 @@ def _train_loop(
         if saved:
             with phase("checkpoint"):
                 checkpoints.save(state, h, keep_last=schedule.keep_last)
-        if not transport.stops_at_once and signals.preempt_requested():  # every rank alike: a reduced flag
+        if not transport.stops_at_once and control.preemption.requested():  # every rank alike: a reduced flag
             _preempted(state, h, plan, saved=saved)
     transport.finish(h)
     _finish(state, h, cfg)

@@ -1,8 +1,9 @@
 """Ctrl-C and preemption: what SIGINT, SIGTERM and SIGUSR1 do to a run.
 
-    with handling(grace_s=60.0):           # train.py's run: handlers installed, the old ones restored after
+    preemption = Preemption(grace_s=60.0, newest=...)  # the run shell holds it: the one owner of the flag
+    with preemption.handling():            # train.py's run: handlers installed, the old ones restored after
         ...
-        if preempt_requested(group):       # after each step, on every rank alike (a reduced decision)
+        if preemption.requested(group):    # after each step, on every rank alike (a reduced decision)
             save the finished step, raise Preempted
 
 SIGINT (Ctrl-C) keeps Python's KeyboardInterrupt: the phase in progress stops where it is, `run` prints
@@ -50,21 +51,49 @@ class Terminated(Exception):
     """A preemption signal under split placement, whose roles do not meet after each step: stop now."""
 
 
-_SIGNALLED: list[float] = []  # monotonic time of the first preemption signal this process received
+class Preemption:
+    """The preemption flag of this process and the handlers that raise it (SIGTERM / SIGUSR1). With
+    `at_once` a signal raises `Terminated` where the main thread is instead (split placement). `newest()`
+    names the newest checkpoint for the line printed when the grace period runs out."""
+
+    def __init__(self, *, grace_s: float, newest: Callable[[], Any], at_once: bool = False) -> None:
+        self.grace_s, self.newest, self.at_once = grace_s, newest, at_once
+        self.signalled: float | None = None
+        """Monotonic time of the first preemption signal this process received (None: none yet)."""
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.at_once:
+            raise Terminated(signal.Signals(signum).name)
+        if self.signalled is not None:
+            return
+        self.signalled = time.monotonic()
+        print(f"{signal.Signals(signum).name}: finishing the step in progress, then checkpointing", file=sys.stderr,
+              flush=True)  # fmt: skip
+        threading.Thread(target=_abandon_after, args=(self.grace_s, self.newest), daemon=True).start()
+
+    @contextlib.contextmanager
+    def handling(self) -> Iterator[None]:
+        """SIGTERM / SIGUSR1 go to this object within the block (main thread only; elsewhere a no-op)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {s: signal.getsignal(s) for s in PREEMPT_SIGNALS}
+        for s in PREEMPT_SIGNALS:
+            signal.signal(s, self._on_signal)
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            self.signalled = None
+
+    def requested(self, group: Any = None) -> bool:
+        """Whether any rank (of `group`, default the world) received a preemption signal: a collective
+        every rank calls at the same point of each step, so they all stop after the same step."""
+        return world_max([0 if self.signalled is None else 1], group) == [1]
 
 
-def _on_preempt(signum: int, frame: Any, grace_s: float, newest: Any, at_once: bool) -> None:
-    if at_once:
-        raise Terminated(signal.Signals(signum).name)
-    if _SIGNALLED:
-        return
-    _SIGNALLED.append(time.monotonic())
-    print(f"{signal.Signals(signum).name}: finishing the step in progress, then checkpointing", file=sys.stderr,
-          flush=True)  # fmt: skip
-    threading.Thread(target=_abandon_after, args=(grace_s, newest), daemon=True).start()
-
-
-def _abandon_after(grace_s: float, newest: Any) -> None:
+def _abandon_after(grace_s: float, newest: Callable[[], Any]) -> None:
     time.sleep(grace_s)
     print(
         f"preempted: the step in progress ran past --trainer.preempt-grace-s {grace_s:g}; abandoned it, the "
@@ -73,31 +102,6 @@ def _abandon_after(grace_s: float, newest: Any) -> None:
         flush=True,
     )
     os._exit(EXIT_PREEMPTED)
-
-
-@contextlib.contextmanager
-def handling(*, grace_s: float, newest: Any, at_once: bool = False) -> Iterator[None]:
-    """SIGTERM / SIGUSR1 raise the preemption flag within the block (main thread only; elsewhere no-op),
-    or with `at_once` raise `Terminated` where the main thread is. `newest()` names the newest
-    checkpoint for the line printed when the grace period runs out."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.getsignal(s) for s in PREEMPT_SIGNALS}
-    for s in PREEMPT_SIGNALS:
-        signal.signal(s, lambda signum, frame: _on_preempt(signum, frame, grace_s, newest, at_once))
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        _SIGNALLED.clear()
-
-
-def preempt_requested(group: Any = None) -> bool:
-    """Whether any rank (of `group`, default the world) received a preemption signal: a collective
-    every rank calls at the same point of each step, so they all stop after the same step."""
-    return world_max([1 if _SIGNALLED else 0], group) == [1]
 
 
 def exit_at_once_on_sigint() -> None:
