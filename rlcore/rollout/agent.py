@@ -539,6 +539,14 @@ class AgentEngine:
                          chat_tools=self.chat_tools, call_format=self.call_format, env=self.env,
                          timeout_s=self.timeout_s)  # fmt: skip
 
+    @property
+    def module(self) -> Any:
+        return self.inner.module
+
+    @property
+    def adapters(self) -> Any:
+        return self.inner.adapters
+
     def load_weights(self, named_tensors: Any) -> None:
         self.inner.load_weights(named_tensors)
 

@@ -22,11 +22,13 @@ are padding. Greedy (`temperature == 0`) gives log-probs of the argmax distribut
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from rlcore.batch import Batch
 
@@ -56,8 +58,33 @@ class SamplingParams:
 
 
 @runtime_checkable
+class AdapterEngine(Protocol):
+    """An engine that applies LoRA adapters itself (vLLM's LoRARequest), so a push sends the adapter only."""
+
+    def adapter_dir(self) -> Path:
+        """A fresh directory to write the next adapter version into."""
+        ...
+
+    def use_adapter(self, directory: str | os.PathLike) -> None:
+        """Generate with the peft adapter in `directory` from now on."""
+        ...
+
+
+@runtime_checkable
 class RolloutEngine(Protocol):
     """A generation engine colocated with the trainer."""
+
+    @property
+    def module(self) -> nn.Module | None:
+        """The torch module it samples with in this process (the native engine's: a push into it is a
+        no-op when it is the trained module itself), or None for an engine with its own copy (vLLM)."""
+        ...
+
+    @property
+    def adapters(self) -> AdapterEngine | None:
+        """What takes a LoRA policy's adapters as adapters (vLLM: the engine), or None: the adapters reach
+        the engine as weights (`load_weights` of the adapter tensors)."""
+        ...
 
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         """Roll out `sampling.n` samples per prompt row (see the module docstring for the fields)."""

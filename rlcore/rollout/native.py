@@ -210,6 +210,16 @@ class NativeEngine:
         self._asleep = self._offloaded = False
         self._on_step: Callable[[int], None] | None = None
 
+    @property
+    def module(self) -> torch.nn.Module:
+        """The module it samples with (the trained one, colocated: pushes into it are no-ops)."""
+        return self.model
+
+    @property
+    def adapters(self) -> None:
+        """LoRA layers live in `module`: adapters arrive as weights."""
+        return None
+
     @contextlib.contextmanager
     def each_step(self, hook: Callable[[int], None]) -> Iterator[None]:
         """Within the block, `generate` calls `hook(j)` between decode steps, once tokens 0..j-1 of every

@@ -282,6 +282,16 @@ class VLLMEngine:
         self._adapter: Any = None  # the vllm LoRARequest every generate applies (None: the base model)
         self._adapters = 0
 
+    @property
+    def module(self) -> None:
+        """vLLM samples with its own copy of the weights (pushes load into it)."""
+        return None
+
+    @property
+    def adapters(self) -> VLLMEngine:
+        """vLLM applies a LoRA policy's adapters itself (a LoRARequest per version)."""
+        return self
+
     # -- LoRA -----------------------------------------------------------------------------------
 
     def adapter_dir(self) -> Path:

@@ -3,34 +3,28 @@ call, bucketed) and `engine_holds` (whether the engine samples with the policy's
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
+from torch import nn
 
+from rlcore.rollout.base import RolloutEngine
 from rlcore.trainer.faults import Hooks
 
 
-def _engine_model(engine: Any) -> Any:
-    """The module a native engine samples with (under the agent loop's wrapper too); None for vLLM."""
-    return getattr(getattr(engine, "inner", engine), "model", None)
-
-
 def push_weights(
-    model: Any, engine: Any, *, bucket_bytes: int, hooks: Hooks | None = None
+    model: nn.Module, engine: RolloutEngine, *, bucket_bytes: int, hooks: Hooks | None = None
 ) -> dict[str, float]:
     """Push `model`'s full weights into `engine` as one update, gathered `bucket_bytes` at a time
     (nothing to do when the engine samples from `model` itself); returns `sync/bytes` and
     `sync/tensors` pushed. A collective under FSDP: every rank calls it."""
-    if _engine_model(engine) is model:
+    if engine.module is model:
         return {"sync/bytes": 0.0, "sync/tensors": 0.0}  # the native engine samples from the trained module
     from rlcore.models.lora import adapter_params, is_lora, save_adapter
 
-    inner = getattr(engine, "inner", engine)
-    takes_adapters = hasattr(inner, "use_adapter")  # vLLM: the adapter as a LoRA request, via a directory
-    if is_lora(model) and takes_adapters:
-        directory = inner.adapter_dir()
+    sink = engine.adapters  # vLLM: the adapter as a LoRA request, via a directory
+    if is_lora(model) and sink is not None:
+        directory = sink.adapter_dir()
         save_adapter(model, directory, write=True)  # a gather under FSDP; every rank writes its engine's copy
-        inner.use_adapter(directory)
+        sink.use_adapter(directory)
         pushed = [p for _, p in adapter_params(model)]
         return {
             "sync/bytes": float(sum(p.numel() * p.element_size() for p in pushed)),
@@ -46,10 +40,10 @@ def push_weights(
     return {"sync/bytes": float(push.bytes), "sync/tensors": float(push.tensors)}
 
 
-def engine_holds(model: Any, engine: Any) -> bool | None:
+def engine_holds(model: nn.Module, engine: RolloutEngine) -> bool | None:
     """Whether `engine` samples with `model`'s current weights (None: cannot tell, e.g. vLLM). A
     collective under FSDP: every rank calls it."""
-    own = _engine_model(engine)
+    own = engine.module
     if own is model:
         return True
     if own is None:

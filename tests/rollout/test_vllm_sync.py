@@ -21,6 +21,7 @@ from rlcore.models import build_char_tokenizer, builtin_config
 from rlcore.pure import token_logprobs
 from rlcore.rollout.base import SamplingParams
 from rlcore.rollout.vllm_engine import logprob_gap
+from rlcore.trainer.faults import Hooks
 from rlcore.trainer.health import gap_warning
 from rlcore.trainer.weights import push_weights
 from tests.rollout.test_vllm_engine import TEXTS, make_prompts, require_vllm, teacher_forced_logits
@@ -123,8 +124,8 @@ def test_a_push_after_a_real_update_moves_the_engine_to_it(engine, policy, resto
 def test_the_old_per_bucket_sync_breaks_these_cases(engine, policy, restore, monkeypatch, case: str) -> None:
     """What main did before issue 24 (one load_weights call per bucket): shows the cases above bite."""
     model, tokenizer, _ = policy
-    monkeypatch.setenv("RLCORE_TEST_SYNC_PER_BUCKET", "1")
-    push_weights(model, engine, bucket_bytes=boundaries(model)[case])
+    hooks = Hooks.from_env({"RLCORE_TEST_SYNC_PER_BUCKET": "1"})  # what the trainer builds from that variable
+    push_weights(model, engine, bucket_bytes=boundaries(model)[case], hooks=hooks)
     assert not gap_to(engine, model, tokenizer) <= 0.1  # NaN too: the half-loaded layer reads garbage
 
 
