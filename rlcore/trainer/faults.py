@@ -41,12 +41,9 @@ import signal
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rlcore.batch import Batch
-
-if TYPE_CHECKING:
-    from rlcore.trainer.handles import Handles
 
 PHASES = ("rollout", "update", "save")
 
@@ -148,16 +145,17 @@ class Hooks:
             engine.load_weights(bucket)  # type: ignore[attr-defined]
         return True
 
-    def dump(self, state: Any, h: Handles, engine_holds: Callable[[Any, Any], bool]) -> None:
-        """`dump_state`: this rank writes DIR/rank<r>.json, the run state that must agree across ranks
-        and whether its engine holds the trained weights, as `engine_holds(model, engine)` says (a
-        collective: every rank calls it)."""
+    def dump(
+        self, state: Any, *, rank: int, data: Callable[[], Any], holds: Callable[[], bool | None]
+    ) -> None:
+        """`dump_state`: this rank (`rank`) writes DIR/rank<r>.json, the run state that must agree across
+        ranks (`data()`: the data cursor's record) and whether its engine holds the trained weights
+        (`holds()`, a collective: every rank calls this)."""
         if (
             self.dump_state is None or state.actor is None
         ):  # a rollout rank of split placement holds no policy
             return
-        record = {"step": state.step, "kl_coef": state.kl_coef, "data": h.train_ds.cursor_state(state.cursor),
-                  "bad_updates": state.bad_updates, "policy_version": state.policy_version,
-                  "engine_matches_policy": engine_holds(state.actor.model, h.engine)}  # fmt: skip
+        record = {"step": state.step, "kl_coef": state.kl_coef, "data": data(), "bad_updates": state.bad_updates,
+                  "policy_version": state.policy_version, "engine_matches_policy": holds()}  # fmt: skip
         self.dump_state.mkdir(parents=True, exist_ok=True)
-        (self.dump_state / f"rank{h.dist.rank}.json").write_text(json.dumps(record, sort_keys=True))
+        (self.dump_state / f"rank{rank}.json").write_text(json.dumps(record, sort_keys=True))

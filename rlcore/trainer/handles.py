@@ -1,11 +1,13 @@
 """What a training step uses and never replaces: the run's `Handles`, built once by the shell
-(`rlcore.trainer.run.build`), typed so that a reader knows what each one can do."""
+(`rlcore.trainer.build`), typed so that a reader knows what each one can do; and the `Transport`
+protocol, what a training rank's step needs of its placement (implemented in rlcore.trainer.transport)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -18,10 +20,34 @@ from rlcore.rollout.base import RolloutEngine
 from rlcore.trainer.faults import Hooks
 from rlcore.trainer.logger import MetricsLogger
 from rlcore.trainer.samples import SampleWriter
-from rlcore.trainer.transport import Transport
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+    from rlcore.algorithm import Algorithm
+    from rlcore.plan import StepPlan
+    from rlcore.state import Rollout, TrainState
+
+
+class Transport(Protocol):
+    """What the training ranks' step needs of its placement."""
+
+    stops_at_once: bool
+    """A preemption signal stops the run at once (else after the step, with a checkpoint)."""
+
+    def next_rollout(
+        self, state: TrainState, h: Handles, algorithm: Algorithm, plan: StepPlan
+    ) -> tuple[Rollout, TrainState, dict[str, float]]: ...
+
+    def learning(self, h: Handles) -> contextlib.AbstractContextManager[dict[str, float]]: ...
+
+    def push(
+        self, model: nn.Module | None, h: Handles, plan: StepPlan, *, step: int, version: int
+    ) -> dict[str, float]: ...
+
+    def validation(self, h: Handles, plan: StepPlan, step: int) -> dict[str, float]: ...
+
+    def finish(self, h: Handles) -> None: ...
 
 
 class Outbox:

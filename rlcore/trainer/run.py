@@ -64,7 +64,12 @@ def run(cfg: Config) -> int:
     try:
         with preemption.handling():
             state = loop(state, h, algorithm, plan, control)
-        h.hooks.dump(state, h, engine_holds)  # test-only (RLCORE_TEST_DUMP_STATE)
+        h.hooks.dump(
+            state,
+            rank=h.dist.rank,
+            data=lambda: h.train_ds.cursor_state(state.cursor),
+            holds=lambda: engine_holds(state.actor.model, h.engine),
+        )  # test-only (RLCORE_TEST_DUMP_STATE)
     except StopRun as e:  # disk trouble, an unusable checkpoint: the user's to fix
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2

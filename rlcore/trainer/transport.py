@@ -7,7 +7,8 @@
     metrics = transport.validation(h, plan, step)
     transport.finish(h)
 
-`Colocated` generates on the trainer's own ranks and pushes into its own engine; `SplitTrainer` receives
+`Transport` (the protocol, in rlcore.trainer.handles beside the `Handles` that hold one) is what the
+step needs; `Colocated` generates on the trainer's own ranks and pushes into its own engine; `SplitTrainer` receives
 batches from the rollout ranks and pushes weights to them (rlcore.trainer.split holds the other side).
 The step (`rlcore.trainer.step`) calls these and never asks which placement it runs under. A new
 placement is one more class with these methods, chosen in `rlcore.trainer.build`.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from torch import nn
 
@@ -32,28 +33,7 @@ from rlcore.trainer.validation import validate_policy
 from rlcore.trainer.weights import push_weights
 
 if TYPE_CHECKING:
-    from rlcore.trainer.handles import Handles
-
-
-class Transport(Protocol):
-    """What the training ranks' step needs of its placement."""
-
-    stops_at_once: bool
-    """A preemption signal stops the run at once (else after the step, with a checkpoint)."""
-
-    def next_rollout(
-        self, state: TrainState, h: Handles, algorithm: Algorithm, plan: StepPlan
-    ) -> tuple[Rollout, TrainState, dict[str, float]]: ...
-
-    def learning(self, h: Handles) -> contextlib.AbstractContextManager[dict[str, float]]: ...
-
-    def push(
-        self, model: nn.Module | None, h: Handles, plan: StepPlan, *, step: int, version: int
-    ) -> dict[str, float]: ...
-
-    def validation(self, h: Handles, plan: StepPlan, step: int) -> dict[str, float]: ...
-
-    def finish(self, h: Handles) -> None: ...
+    from rlcore.trainer.handles import Handles, Transport
 
 
 @dataclasses.dataclass(frozen=True)
