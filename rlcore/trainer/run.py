@@ -98,13 +98,18 @@ def run(cfg: Config) -> int:
               "continue with --resume auto", file=sys.stderr, flush=True)  # fmt: skip
         return signals.EXIT_INTERRUPTED
     finally:
-        if h.scorer is not None:
-            h.scorer.close()
-        h.logger.close()
-        if h.engine is not None:  # vLLM: its engine and process groups (also under AgentEngine)
-            h.engine.close()
-        close_distributed()
+        _close(h)
     return 0
+
+
+def _close(h: Handles) -> None:
+    """The reward pool, the logger, the engine (vLLM: its processes and groups), the process group."""
+    if h.scorer is not None:
+        h.scorer.close()
+    h.logger.close()
+    if h.engine is not None:
+        h.engine.close()
+    close_distributed()
 
 
 # ---------------------------------------------------------------- loop
