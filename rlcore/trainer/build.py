@@ -29,7 +29,7 @@ from rlcore.trainer.algorithm import bind, learning_rate
 from rlcore.trainer.faults import Hooks
 from rlcore.trainer.handles import Handles, Outbox
 from rlcore.trainer.logger import MetricsLogger
-from rlcore.trainer.preflight import validate
+from rlcore.trainer.preflight import preflight
 from rlcore.trainer.samples import SampleWriter
 from rlcore.trainer.transport import transport_of
 
@@ -42,9 +42,7 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm, StepPlan]:
         info = init_distributed(cfg.trainer.device)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    validate(cfg, world_size=info.world_size)
-    models.check_engine(cfg, info)
-    models.check_mesh(cfg)
+    preflight(cfg, info)  # every check that needs no weights, in one pass
     agent_files = agents.load_agent_files(cfg)  # a bad env / tools file stops here, before any model loads
     p = cfg.pipeline
     placement = place(info, split=p.placement == "split", rollout_ranks=p.rollout_ranks, tp=cfg.trainer.tp,

@@ -1,6 +1,7 @@
 """The pre-flight pass: every check of a config that needs no weights, run once before any model loads.
 
     validate(cfg, world_size=2)      # raises ConfigError: one line naming the flag, the value and the fix
+    preflight(cfg, info)             # the shell's pass: validate, then the engine and the model's shape
 
 Each `_check_*` looks at one part of the config; the algorithm's checks live beside its binding
 (`rlcore.trainer.algorithm.check_algorithm`), the model's and the engine's beside their building
@@ -14,7 +15,18 @@ import math
 from pathlib import Path
 
 from configs import Config, ConfigError
+from rlcore.dist.mesh import DistInfo
 from rlcore.trainer.algorithm import check_algorithm, need
+
+
+def preflight(cfg: Config, info: DistInfo) -> None:
+    """The whole pass the shell runs before any weights load: the config's checks, the engine that can
+    run here, and the model's shape against --trainer.tp / --trainer.sp (its config file only)."""
+    from rlcore.trainer.models import check_engine, check_mesh
+
+    validate(cfg, world_size=info.world_size)
+    check_engine(cfg, info)
+    check_mesh(cfg)
 
 
 def validate(cfg: Config, *, world_size: int = 1) -> None:
