@@ -1,4 +1,5 @@
-"""Data sources named on the command line: files, or `builtin:<task>` generated tasks."""
+"""Data sources named on the command line: files, `builtin:<task>` generated tasks, or reasoning-gym's
+tasks (`reasoning_gym:<task>?options`, rlcore.data.reasoning_gym)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rlcore.data import agent_tasks, tasks
+from rlcore.data import agent_tasks, reasoning_gym, tasks
 from rlcore.data.rows import DataError, Row, read_rows, row_from_dict
 
 BUILTIN = "builtin:"
@@ -32,6 +33,9 @@ def read_sources(
                 raise DataError(f"{source}: unknown built-in task; choose one of {sorted(GENERATORS)}")
             generated = GENERATORS[task](split, builtin_size, seed=seed)
             rows += [row_from_dict(r, f"{source} row {i}") for i, r in enumerate(generated)]
+        elif source.startswith(reasoning_gym.PREFIX):
+            generated = reasoning_gym.generate_rows(source, split, builtin_size, seed)
+            rows += [row_from_dict(r, f"{source} row {i}") for i, r in enumerate(generated)]
         else:
             rows += read_rows(source, prompt_optional=prompt_optional)
     return rows
@@ -43,6 +47,10 @@ def check_sources_exist(sources: Sequence[str], flag: str) -> str | None:
         if source.startswith(BUILTIN):
             if source.removeprefix(BUILTIN) not in GENERATORS:
                 return f"{flag} {source}: unknown built-in task; choose one of {sorted(GENERATORS)}"
+        elif source.startswith(reasoning_gym.PREFIX):
+            problem = reasoning_gym.check_source(source)
+            if problem is not None:
+                return f"{flag} {problem}"
         elif not Path(source).is_file():
             return f"{flag} {source}: file not found; give parquet/jsonl files or builtin:<task>"
     return None

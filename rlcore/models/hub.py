@@ -2,6 +2,7 @@
 
     model_directory("/models/Qwen2.5-0.5B-Instruct")   # a directory: itself
     model_directory("Qwen/Qwen2.5-0.5B-Instruct")      # a hub id: its snapshot in the HF cache
+    model_directory("SmolLM2-135M-Instruct.Q4_1.gguf") # a GGUF file: its dequantized copy (rlcore.models.gguf)
 
 A hub id goes through `huggingface_hub.snapshot_download`, the cache `from_pretrained` uses
 (`HF_HOME` / `HF_HUB_CACHE`, `HF_HUB_OFFLINE=1` for cache only, `HF_TOKEN` for gated repos): the newest
@@ -15,6 +16,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from rlcore.models.gguf import dequantized_directory, is_gguf
+
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 """What a hub id looks like: `name` or `owner/name` (letters, digits, `_`, `-`, `.`)."""
 
@@ -27,6 +30,8 @@ def model_directory(path: str) -> Path:
     directory = Path(path).expanduser()
     if directory.is_dir():
         return directory
+    if is_gguf(path):
+        return dequantized_directory(directory)
     if not HUB_ID.fullmatch(path) or directory.exists():
         raise ValueError(
             f"model path {path!r} is not a directory; expected a local Hugging Face model directory or a "

@@ -15,6 +15,7 @@ Every data_source that verl's `default_compute_score` scores without a server, w
 | `countdown`                                                     | `countdown` (TinyZero; 1 / 0.1 / 0) |
 | `builtin/<task>` for every task of `rlcore.data.tasks`          | `rlcore.data.tasks.compute_score`   |
 | `builtin/calc` (multi-turn, `rlcore.data.agent_tasks`)          | `agent_tasks.compute_score`         |
+| `reasoning_gym/<task>` (`rlcore.data.reasoning_gym`)            | the task's own `score_answer` on the extracted answer |
 
 `--reward.math-verifier math-verify` scores the MATH, DAPO / AIME and `numina_*` rows with math-verify
 instead (`math_answer`: symbolic equivalence, any final answer, boxed or not; 1 / 0); geometry3k keeps
@@ -30,7 +31,7 @@ import importlib.util
 from collections.abc import Iterable
 from typing import Any
 
-from rlcore.data import agent_tasks, tasks
+from rlcore.data import agent_tasks, reasoning_gym, tasks
 from rlcore.rewards import (
     code,
     countdown,
@@ -67,8 +68,12 @@ REWARD_FNS: dict[str, RewardFn] = {
 }
 """Built-in rewards by data_source; every entry has verl's `compute_score` signature."""
 
-REWARD_PREFIXES: dict[str, RewardFn] = {"aime": math_dapo.compute_score}
-"""Rewards of every data_source starting with the key (verl: `data_source.startswith("aime")`)."""
+REWARD_PREFIXES: dict[str, RewardFn] = {
+    "aime": math_dapo.compute_score,
+    reasoning_gym.DATA_SOURCE: reasoning_gym.compute_score,
+}
+"""Rewards of every data_source starting with the key (verl: `data_source.startswith("aime")`; reasoning-gym's
+tasks by their `reasoning_gym/` prefix)."""
 
 MATH_VERIFIERS = ("verl", "math-verify")
 """--reward.math-verifier: verl's rules per data_source, or math-verify for every math one."""

@@ -141,6 +141,10 @@ CASES = [  # (case, flags, the error line after "error: ")
      "--data.train-files {d}/empty_dir: file not found; give parquet/jsonl files or builtin:<task>"),
     ("unknown built-in task", [F, "builtin:nope"],
      "--data.train-files builtin:nope: unknown built-in task; choose one of …"),
+    ("unknown reasoning-gym task", [F, "reasoning_gym:chain_sums"],
+     "--data.train-files reasoning_gym:chain_sums: reasoning-gym has no task 'chain_sums' (did you mean chain_sum, …"),
+    ("unknown reasoning-gym option", [F, "reasoning_gym:chain_sum?max_term=3"],
+     "--data.train-files reasoning_gym:chain_sum?max_term=3: chain_sum has no option 'max_term'; its options are …"),
     ("empty data file", [F, "{d}/empty.jsonl"], "--data.train-files: no rows"),
     ("invalid JSON line", [F, "{d}/bad_json.jsonl"],
      "{d}/bad_json.jsonl line 2: invalid JSON (unexpected character, expected a string key: line 1 column 2 "
