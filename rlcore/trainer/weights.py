@@ -3,6 +3,8 @@ call, bucketed) and `engine_holds` (whether the engine samples with the policy's
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -31,13 +33,23 @@ def push_weights(
             "sync/tensors": float(len(pushed)),
         }
     from rlcore.dist.stream import WeightPush
-    from rlcore.models.lora import adapter_params, is_lora
 
-    state = adapter_params if is_lora(model) else None  # LoRA: the base is the engine's own, never moves
+    state = _lora_state(model, engine.module)
     with WeightPush(model, bucket_bytes=bucket_bytes, all_ranks=True, state=state) as push:
         if hooks is None or not hooks.per_bucket(engine, push):  # test-only: the old, broken per-bucket sync
             engine.load_weights(push)  # one call: vLLM reloads stacked q/k/v and gate/up groups whole
     return {"sync/bytes": float(push.bytes), "sync/tensors": float(push.tensors)}
+
+
+def _lora_state(model: nn.Module, target: nn.Module | None) -> Any:
+    """What a push of `model` sends an engine sampling with `target`: everything (None) for a full model;
+    for a LoRA policy, the adapter tensors into an engine copy with the same adapter layers (the base is
+    its own and never moves), else the base with the adapters merged in (W + scale B A)."""
+    from rlcore.models.lora import adapter_params, is_lora, merged_state
+
+    if not is_lora(model):
+        return None
+    return adapter_params if target is not None and is_lora(target) else merged_state
 
 
 def engine_holds(model: nn.Module, engine: RolloutEngine) -> bool | None:
@@ -53,7 +65,7 @@ def engine_holds(model: nn.Module, engine: RolloutEngine) -> bool | None:
 
     mine = own.state_dict()
     same = True
-    for bucket in iter_full_state(model, all_ranks=True):
+    for bucket in iter_full_state(model, all_ranks=True, state=_lora_state(model, own)):
         same &= all(
             torch.equal(mine[canonical_name(n)], t.to(mine[canonical_name(n)].device)) for n, t in bucket
         )
