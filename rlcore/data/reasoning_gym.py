@@ -16,7 +16,7 @@ the answer) and the task's question, `reward_model.ground_truth` the task's answ
 entry from reasoning-gym (`create_dataset(task, **config)[index]`: generation is deterministic for a
 seed) and calls the task's own `score_answer` on the answer extracted from the response.
 
-**Answer extraction** (`answer=`, default `tag`):
+**Answer extraction** (the source's `answer=`, else `--data.answer-format`, default `tag`):
 
 | answer | the prompt asks for | extracted |
 |---|---|---|
@@ -121,12 +121,15 @@ def _check(source: str, reserved: dict[str, Any], options: dict[str, dict[str, A
             raise DataError(f"{source}: {task} refuses {fields}: {type(e).__name__}: {e}") from None
 
 
-def generate_rows(source: str, split: str, default_size: int, seed: int) -> list[dict]:
-    """The rows of `source` for `split`, deterministic for its seed."""
+def generate_rows(
+    source: str, split: str, default_size: int, seed: int, *, answer: str = "tag"
+) -> list[dict]:
+    """The rows of `source` for `split`, deterministic for its seed; `answer` is the answer format where
+    the source names none (--data.answer-format)."""
     weights, reserved, options = parse(source)
     size = reserved.get("size", default_size)
     seed = reserved.get("seed", seed if split == "train" else seed + 1)
-    answer = reserved.get("answer", "tag")
+    answer = reserved.get("answer", answer)
     rows: list[dict] = []
     for task, n in zip(weights, _shares(size, list(weights.values())), strict=True):
         config = {**options[task], "size": n, "seed": seed}

@@ -19,10 +19,17 @@ GENERATORS: dict[str, Callable[..., list[dict]]] = {
 
 
 def read_sources(
-    sources: Sequence[str], *, split: str, builtin_size: int, seed: int, prompt_optional: bool = False
+    sources: Sequence[str],
+    *,
+    split: str,
+    builtin_size: int,
+    seed: int,
+    prompt_optional: bool = False,
+    answer_format: str = "tag",
 ) -> list[Row]:
     """Rows of every source, in order: files through `read_rows` (`prompt_optional` as there),
-    `builtin:<task>` generated for `split`."""
+    `builtin:<task>` generated for `split`, `reasoning_gym:` tasks (`answer_format` where the source
+    does not name one)."""
     if not sources:
         raise DataError("no data sources given")
     rows: list[Row] = []
@@ -34,7 +41,7 @@ def read_sources(
             generated = GENERATORS[task](split, builtin_size, seed=seed)
             rows += [row_from_dict(r, f"{source} row {i}") for i, r in enumerate(generated)]
         elif source.startswith(reasoning_gym.PREFIX):
-            generated = reasoning_gym.generate_rows(source, split, builtin_size, seed)
+            generated = reasoning_gym.generate_rows(source, split, builtin_size, seed, answer=answer_format)
             rows += [row_from_dict(r, f"{source} row {i}") for i, r in enumerate(generated)]
         else:
             rows += read_rows(source, prompt_optional=prompt_optional)

@@ -116,14 +116,13 @@ def _datasets(
 ) -> tuple[PromptDataset, PromptDataset | None]:
     d, seed = cfg.data, cfg.trainer.seed
     common = {"max_prompt_length": d.max_prompt_length, "overlong": d.overlong, "tools": tools}
-    optional = cfg.rollout.env is not None  # an env's first observation can be the first user turn
-    rows = read_sources(d.train_files, split="train", builtin_size=d.builtin_train_size, seed=seed,
-                        prompt_optional=optional)  # fmt: skip
+    # an env's first observation can be the first user turn: its rows may leave the prompt out
+    reading = {"seed": seed, "prompt_optional": cfg.rollout.env is not None, "answer_format": d.answer_format}
+    rows = read_sources(d.train_files, split="train", builtin_size=d.builtin_train_size, **reading)
     train = PromptDataset(rows, tokenizer, seed=seed, name="--data.train-files", **common)
     val = None
     if d.val_files:
-        rows = read_sources(d.val_files, split="val", builtin_size=d.builtin_val_size, seed=seed,
-                            prompt_optional=optional)  # fmt: skip
+        rows = read_sources(d.val_files, split="val", builtin_size=d.builtin_val_size, **reading)
         val = PromptDataset(rows, tokenizer, seed=seed, shuffle=False, name="--data.val-files", **common)
     return train, val
 

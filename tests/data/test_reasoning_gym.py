@@ -80,3 +80,11 @@ def test_bad_tasks_and_options_are_one_line(source, says):
     assert "\n" not in problem
     with pytest.raises(DataError, match="reasoning"):
         read_sources(["reasoning_gym:nope"], split="train", builtin_size=4, seed=0)
+
+
+def test_the_answer_format_flag_applies_where_the_source_names_none():
+    """--data.answer-format reaches the rows through read_sources; a source's own answer= wins."""
+    plain, own = "reasoning_gym:chain_sum?size=2", "reasoning_gym:chain_sum?size=2&answer=raw"
+    rows = read_sources([plain, own], split="train", builtin_size=2, seed=0, answer_format="boxed")
+    assert [r.extra_info["answer_format"] for r in rows] == ["boxed", "boxed", "raw", "raw"]
+    assert rows[0].prompt[0]["content"] == SYSTEM["boxed"] and rows[2].prompt[0]["content"] == SYSTEM["raw"]
