@@ -9,7 +9,8 @@ Q4_1 rounding of the released weights, dequantized to fp32 on load (134.5M param
 run is the real `train.py grpo` on `reasoning_gym:chain_sum?max_terms=2&answer=raw`, 8 prompts x 8
 samples, up to 48 new tokens, lr 5e-6, no validation, one variant after the other:
 - full: full fine-tuning in fp32;            - lora: `--model.lora-rank 16`;
-- bf16: `--model.compute-dtype bfloat16`;    - vllm: `--rollout.engine vllm` (needs a GPU).
+- bf16: `--model.compute-dtype bfloat16`;    - vllm: `--rollout.engine vllm`;
+- ckpt: `--model.activation-checkpointing` (memory against time).
 Measured per variant, medians over steps 2..S (step 1 is the warm-up): rollout, update, weight-sync and
 step seconds (`timing/*_s` of metrics.jsonl), generated tokens per step, peak resident memory (and GPU
 memory where there is one), the largest rollout-vs-trainer log-prob gap, the mean train reward (all
@@ -54,6 +55,7 @@ VARIANTS = {
     "full": [],
     "lora": ["--model.lora-rank", "16"],
     "bf16": ["--model.compute-dtype", "bfloat16"],
+    "ckpt": ["--model.activation-checkpointing"],
     "vllm": ["--rollout.engine", "vllm"],
 }
 FULL = {"steps": 4, "batch": 8, "n": 8, "max_tokens": 48}
