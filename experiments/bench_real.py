@@ -48,7 +48,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchlib import matmul_gflops, median_time  # noqa: E402
+from benchlib import matmul_gflops  # noqa: E402
 
 TASK = "reasoning_gym:chain_sum?max_terms=2&answer=raw"
 VARIANTS = {
@@ -96,17 +96,7 @@ def device() -> str:
 def matmul_peak(dtype: torch.dtype) -> float:
     """Matmul throughput, FLOP/s, of an n^3 product in `dtype` on the trainer's device."""
     where = device()
-    if where == "cpu" and dtype == torch.float32:
-        return matmul_gflops() * 1e9
-    n = 8192 if where == "cuda" else 2048
-    a, b = (torch.randn(n, n, device=where).to(dtype) for _ in range(2))
-
-    def product() -> None:
-        a @ b
-        if where == "cuda":
-            torch.cuda.synchronize()
-
-    return 2 * n**3 / median_time(product, repeats=5)
+    return matmul_gflops(8192 if where == "cuda" else 2048, dtype=dtype, device=where) * 1e9
 
 
 def prompt_tokens(model: Path, rows: int = 8) -> float:

@@ -20,10 +20,19 @@ def median_time(fn, repeats: int, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
-def matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
-    """fp32 matmul throughput, GFLOP/s, on an n^3 product (2 n^3 FLOPs)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    return 2 * n**3 / median_time(lambda: a @ b, repeats) / 1e9
+def matmul_gflops(
+    n: int = 2048, repeats: int = 5, *, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> float:
+    """Matmul throughput, GFLOP/s, on an n^3 product (2 n^3 FLOPs) in `dtype` on `device` (default: the
+    fp32 CPU peak the floors are measured against)."""
+    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
+
+    def product() -> None:
+        a @ b
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    return 2 * n**3 / median_time(product, repeats) / 1e9
 
 
 def rollout(input_ids, attention_mask, responses, response_attention):

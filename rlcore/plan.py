@@ -92,7 +92,7 @@ class Schedule:
     partial: bool = False
     """Stream mode with partial rollouts: pushes are taken between decode steps of a batch too."""
     val_every: int = 0
-    """Validate every this many steps and after the last (0: never)."""
+    """Validate every this many steps and after the last (0: never, and so without a validation set)."""
     save_every: int = 0
     """Save a checkpoint every this many steps and after the last (0: never)."""
     keep_last: int = 0
@@ -102,11 +102,15 @@ class Schedule:
 
     def val_due(self, step: int) -> bool:
         """Whether the run validates after `step` (0: before the first step)."""
-        return self.val_every > 0 and (step % self.val_every == 0 or step == self.steps)
+        return self._every(self.val_every, step)
 
     def save_due(self, step: int) -> bool:
         """Whether the run saves after `step`."""
-        return self.save_every > 0 and (step % self.save_every == 0 or step == self.steps)
+        return self._every(self.save_every, step)
+
+    def _every(self, every: int, step: int) -> bool:
+        """Every `every` steps and after the last (0: never)."""
+        return every > 0 and (step % every == 0 or step == self.steps)
 
     def due(self, trained: int, pending: int | None) -> range:
         """The steps whose batches may be generated now, with `trained` steps done and batches pending up

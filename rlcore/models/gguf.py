@@ -18,6 +18,7 @@ rlcore does not train, a tensor quantization type that cannot be dequantized.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import shutil
@@ -71,7 +72,15 @@ def dequantized_directory(file: Path) -> Path:
 
 
 def content_key(file: Path) -> str:
-    """The cache key: a hash of the file's bytes and of the transformers version that dequantizes it."""
+    """The cache key: a hash of the file's bytes and of the transformers version that dequantizes it
+    (hashed once per process for a file of the same size and modification time: a run resolves its
+    model path several times, and a 7B file takes seconds to read)."""
+    stat = file.stat()
+    return _content_key(file.resolve(), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _content_key(file: Path, size: int, mtime_ns: int) -> str:
     import transformers
 
     digest = hashlib.sha256()

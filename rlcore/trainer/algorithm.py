@@ -177,10 +177,12 @@ def rollout_plan(cfg: Config) -> RolloutPlan:
 
 
 def schedule(cfg: Config) -> Schedule:
-    """The Schedule of --trainer's length and cadences and --pipeline's staleness and mode."""
+    """The Schedule of --trainer's length and cadences and --pipeline's staleness and mode (no validation
+    without --data.val-files)."""
     t, p = cfg.trainer, cfg.pipeline
+    val_every = t.val_every if cfg.data.val_files else 0
     return Schedule(steps=t.steps, max_staleness=p.max_staleness, stream=p.mode == "stream",
-                    partial=p.partial_rollout, val_every=t.val_every, save_every=t.save_every,
+                    partial=p.partial_rollout, val_every=val_every, save_every=t.save_every,
                     keep_last=t.keep_last, sync_bucket_bytes=sync_bucket_bytes(cfg))  # fmt: skip
 
 

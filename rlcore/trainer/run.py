@@ -149,7 +149,7 @@ def _train_loop(
     cfg, schedule, transport = control.cfg, plan.schedule, h.transport
     # the engine starts from the policy's weights (restored ones after a resume): not a new version
     transport.push(state.actor.model, h, plan, step=state.step, version=state.policy_version)
-    if state.step == 0 and _val_due(h, plan, 0):
+    if state.step == 0 and schedule.val_due(0):
         with phase("validation"):
             h.logger.log(0, transport.validation(h, plan, 0))
     h.logger.begin(state.step)
@@ -171,7 +171,7 @@ def _train_loop(
         if h.placement.writes:
             for line in warnings:
                 print(line, file=sys.stderr, flush=True)
-        if _val_due(h, plan, step):
+        if schedule.val_due(step):
             with phase("validation"):
                 metrics |= transport.validation(h, plan, step)
         profiler.after(step)
@@ -185,10 +185,6 @@ def _train_loop(
     transport.finish(h)
     _finish(state, h, cfg)
     return state
-
-
-def _val_due(h: Handles, plan: StepPlan, step: int) -> bool:
-    return h.val_ds is not None and plan.schedule.val_due(step)
 
 
 def _preempted(state: TrainState, h: Handles, plan: StepPlan, *, saved: bool) -> None:

@@ -316,7 +316,7 @@ def _took(
 
 
 def _validate(h: Handles, plan: StepPlan, step: int, validate: Callable[[int], dict[str, float]]) -> None:
-    if h.dist.rank == 0 and h.val_ds is not None and plan.schedule.val_due(step):
+    if h.dist.rank == 0 and plan.schedule.val_due(step):
         send_validation(validate(step), h)
 
 

@@ -4,6 +4,7 @@ are the file's, the cache is reused; files rlcore cannot use are refused in one 
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -67,8 +68,8 @@ def test_the_cache_is_reused_and_keyed_by_content(real, monkeypatch, tmp_path):
     assert rl_gguf.dequantized_directory(real) == directory
     assert (directory / "model.safetensors").stat().st_mtime_ns == before
     assert (directory / "SOURCE").read_text().strip() == str(real.resolve())
-    copy = tmp_path / real.name  # the same bytes elsewhere: the same entry
-    copy.symlink_to(real)
+    copy = tmp_path / real.name  # the same bytes in another file: the same entry
+    shutil.copyfile(real, copy)
     assert rl_gguf.dequantized_directory(copy) == directory
 
 
