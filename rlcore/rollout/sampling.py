@@ -17,8 +17,11 @@ Greedy decoding (`temperature == 0`) takes the argmax and reports log-prob 0 (th
 distribution is a point mass). Min-p compares to the most likely token, which top-k and top-p always
 keep, so its place in the order matters only relative to top-p (vLLM applies it first).
 
-Sampling draws from `q` with `torch.multinomial` and an explicit `torch.Generator`, never the global
-RNG. References: top-p, Holtzman et al. 2019 (https://arxiv.org/abs/1904.09751); min-p, Nguyen et
+Sampling draws from `q` by inverse CDF with an explicit `torch.Generator`, never the global RNG: one
+uniform per row against the row's float64 cumulative sum, the first token whose cumulative mass
+exceeds it. A dropped token adds no mass, so it is never drawn. This costs one random number per row;
+`torch.multinomial` draws one exponential per vocabulary entry (40 ms per step for 64 rows of a 49k
+vocabulary on 2 CPU cores, 16% of a real model's rollout). References: top-p, Holtzman et al. 2019 (https://arxiv.org/abs/1904.09751); min-p, Nguyen et
 al. 2024 (https://arxiv.org/abs/2407.01082).
 """
 
@@ -99,5 +102,16 @@ def sample_tokens(
         return tokens, torch.zeros(tokens.shape, dtype=torch.float32, device=logits.device)
     x = processed_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)  # (b, v)
     logq = torch.log_softmax(x, dim=-1)  # (b, v)
-    tokens = torch.multinomial(logq.exp(), 1, generator=generator)  # (b, 1)
+    tokens = _inverse_cdf(logq, generator)  # (b, 1)
     return tokens.squeeze(-1), logq.gather(-1, tokens).squeeze(-1)
+
+
+def _inverse_cdf(logq: Tensor, generator: torch.Generator | None) -> Tensor:
+    """(b, 1) long: per row, the first token whose float64 cumulative mass exceeds a uniform draw.
+
+    u = U[0, 1) x the row's total, kept below the total, so the token found has positive mass."""
+    cdf = torch.cumsum(logq.exp().double(), dim=-1)  # (b, v) non-decreasing
+    total = cdf[:, -1:]  # (b, 1)
+    u = torch.rand(total.shape, generator=generator, dtype=cdf.dtype, device=cdf.device) * total
+    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, u, right=True)
