@@ -209,6 +209,7 @@ class NativeEngine:
         )
         self._asleep = self._offloaded = False
         self._on_step: Callable[[int], None] | None = None
+        self._loads = 0  # `load_weights` calls so far: a decode state reloads after one between steps
 
     @property
     def module(self) -> torch.nn.Module:
@@ -264,6 +265,7 @@ class NativeEngine:
     def load_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
         """Copy full tensors, named as in the trainer's HF model, into this engine's model in place."""
         targets = self.model.state_dict(keep_vars=True)
+        self._loads += 1
         with torch.no_grad():
             for name, tensor in named_tensors:
                 key = canonical_name(name)
@@ -390,7 +392,10 @@ class NativeEngine:
                 tok, where = tok[keep], where[keep]
                 live = torch.ones(n_live, dtype=torch.bool, device=self.device)
             if self._on_step is not None:
+                loads = self._loads
                 self._on_step(step + 1)
+                if self._loads != loads:
+                    state.reload()
             logits = state.step(tok)
         return tokens.cpu(), logprobs.cpu(), lengths, reasons
 
@@ -413,6 +418,9 @@ class _HFState:
         )
         self.pos = self.pos + 1
         return logits
+
+    def reload(self) -> None:
+        """Nothing to do: each step runs the module as it is."""
 
     def select(self, keep: Tensor) -> None:
         """Keep rows `keep` of the batch."""
