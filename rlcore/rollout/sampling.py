@@ -21,8 +21,10 @@ Sampling draws from `q` by inverse CDF with an explicit `torch.Generator`, never
 uniform per row against the row's float64 cumulative sum, the first token whose cumulative mass
 exceeds it. A dropped token adds no mass, so it is never drawn. This costs one random number per row;
 `torch.multinomial` draws one exponential per vocabulary entry (40 ms per step for 64 rows of a 49k
-vocabulary on 2 CPU cores, 16% of a real model's rollout). References: top-p, Holtzman et al. 2019 (https://arxiv.org/abs/1904.09751); min-p, Nguyen et
-al. 2024 (https://arxiv.org/abs/2407.01082).
+vocabulary on 2 CPU cores, 16% of a real model's rollout).
+
+References: top-p, Holtzman et al. 2019 (https://arxiv.org/abs/1904.09751); min-p, Nguyen et al.
+2024 (https://arxiv.org/abs/2407.01082).
 """
 
 from __future__ import annotations
