@@ -38,6 +38,7 @@ forward's to float32 rounding (tests/test_lean_decode.py: <= 1e-5 at every step)
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -419,7 +420,7 @@ class LeanState:
         """Keep rows `keep` (a') of the batch. Ascending rows (the engine's) move down in place, the filled
         positions only: no new cache, whose fresh pages cost more than the copy; others are gathered."""
         n, rows = self.length, keep.tolist()
-        if any(later <= earlier for earlier, later in zip(rows, rows[1:])):
+        if any(later <= earlier for earlier, later in itertools.pairwise(rows)):
             kv = self.kv.new_empty((*self.kv.shape[:2], len(rows), *self.kv.shape[3:]))
             kv[:, :, :, :, :n] = self.kv[:, :, keep, :, :n]
         else:  # row j <- row r >= j, in increasing j: no source is overwritten before it is read
