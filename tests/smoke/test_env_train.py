@@ -45,13 +45,32 @@ def test_grpo_on_the_demo_env_scores_episodes_with_their_step_rewards(tmp_path):
     assert 1.0 <= step["agent/turns_mean"] <= 2.0 and step["agent/env_errors"] == 0
     # no reward function for "reverse_retry": the score is the episode's summed step rewards
     assert step["reward/score_mean"] == step["agent/env_reward_mean"] == step["train/reward_mean"]
-    assert step["agent/retokenize_mismatch"] == 0.0  # the built-in template is prefix-stable
+    samples = read_jsonl(out / "samples.jsonl")
+    # the built-in template is prefix-stable: re-rendering an episode differs only where the policy sampled
+    # a special token inside a turn (decoded as text, it is dropped from the assistant message)
+    episodes = [r for r in samples if r["step"] == 1]
+    assert len(episodes) == 16  # every episode of the step (4 prompts x 4)
+    special = sum(any(_inner_special(t["text"]) for t in _model_turns(r)) for r in episodes)
+    assert step["agent/retokenize_mismatch"] == special / len(episodes)
     assert "val/reward_mean" in records[-1]
-    retried = [r for r in read_jsonl(out / "samples.jsonl") if "turns" in r]
+    retried = [r for r in samples if "turns" in r]
     assert retried, "no episode needed the retry"
     for r in retried:
         observations = [t["text"] for t in r["turns"] if t["role"] == "observation"]
         assert observations == ["<|user|>wrong, again<|eos|><|assistant|>"], r["turns"]
+
+
+def _model_turns(sample: dict) -> list[dict]:
+    return (
+        [t for t in sample["turns"] if t["role"] == "model"]
+        if "turns" in sample
+        else [{"text": sample["response"]}]
+    )
+
+
+def _inner_special(text: str) -> bool:
+    """A special token (`<|...|>`) sampled inside a turn: anything but the turn's closing `<|eos|>`."""
+    return "<|" in text.removesuffix("<|eos|>")
 
 
 def test_a_failing_env_ends_its_episodes_and_the_run_goes_on(tmp_path):
