@@ -15,6 +15,7 @@ passes keep calling it as before. Base weights are frozen (`requires_grad=False`
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -47,7 +48,57 @@ def apply_lora(
         target_modules=list(targets) or "all-linear",
         bias="none",
     )
-    return get_peft_model(model, config).get_base_model()
+    model = get_peft_model(model, config).get_base_model()
+    for module in model.modules():
+        if type(module) is _peft_linear():
+            module.__class__ = _in_place_linear()
+    return model
+
+
+def _peft_linear() -> type[nn.Module]:
+    from peft.tuners.lora import Linear
+
+    return Linear
+
+
+@functools.cache
+def _in_place_linear() -> type[nn.Module]:
+    """peft's LoRA `Linear` whose plain forward adds the adapter into the base output in place."""
+
+    class InPlaceLoraLinear(_peft_linear()):
+        """`lora.Linear` with the adapter added in place: x W^T + b, then += scale (x A^T) B^T in one
+        `addmm_` (the product scaled inside the GEMM). peft's `result + B(A x) * scale` allocates three
+        output-sized tensors per projection and call, whose freed blocks fragment the heap (about 2 GB
+        of extra resident memory in a SmolLM2 update). Any other case (mixed adapter batches, merged or
+        disabled adapters, variants such as DoRA, an adapter bias, mixed dtypes) is peft's own forward."""
+
+        def forward(self, x: Tensor, *args: object, **kwargs: object) -> Tensor:
+            adapters = [a for a in self.active_adapters if a in self.lora_A]
+            if kwargs or args or self.merged or self.disable_adapters or not _plain(self, adapters, x):
+                return super().forward(x, *args, **kwargs)
+            result = self.base_layer(x)
+            flat = result.view(-1, result.shape[-1])
+            for name in adapters:
+                low = self.lora_A[name](self.lora_dropout[name](x))  # (..., r)
+                flat.addmm_(
+                    low.view(-1, low.shape[-1]), self.lora_B[name].weight.t(), alpha=self.scaling[name]
+                )
+            return result
+
+    return InPlaceLoraLinear
+
+
+def _plain(layer: nn.Module, adapters: list[str], x: Tensor) -> bool:
+    """Vanilla adapters (no variant, no bias) in x's dtype on a base output in x's dtype."""
+    return (
+        all(
+            name not in layer.lora_variant
+            and not layer.lora_bias.get(name, False)
+            and layer.lora_A[name].weight.dtype == x.dtype == layer.lora_B[name].weight.dtype
+            for name in adapters
+        )
+        and layer.get_base_layer().weight.dtype == x.dtype
+    )
 
 
 def missing_targets(model: nn.Module, targets: Sequence[str]) -> list[str]:

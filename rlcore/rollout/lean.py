@@ -153,7 +153,10 @@ def _plain_modules(model: torch.nn.Module) -> str | None:
 
 
 def _is_lora(module: torch.nn.Module) -> bool:
-    return type(module).__module__.startswith("peft.tuners.lora") and type(module).__name__ == "Linear"
+    """A peft LoRA `Linear`, or a subclass of one (rlcore's in-place forward), without importing peft."""
+    return any(
+        c.__module__.startswith("peft.tuners.lora") and c.__name__ == "Linear" for c in type(module).__mro__
+    )
 
 
 def _lora_problem(module: torch.nn.Module) -> str | None:

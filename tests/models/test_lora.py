@@ -7,6 +7,8 @@ import copy
 import pytest
 import torch
 from peft import PeftModel
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from configs import AlgoConfig, OptimConfig
 from rlcore.models import load_policy
@@ -109,3 +111,68 @@ def test_a_target_the_model_lacks_is_one_error_naming_it():
         apply_lora(base, rank=4, alpha=8.0, dropout=0.0, targets=("q_proj", "qkv"))
     _, only = lora_model(targets=("q_proj", "v_proj"))
     assert {n.split(".")[-4] for n, p in only.named_parameters() if p.requires_grad} == {"q_proj", "v_proj"}
+
+
+def _peft_forward(layer, x):
+    """peft's own forward of an in-place layer (its base class's)."""
+    return type(layer).__mro__[1].forward(layer, x)
+
+
+class _NewStorages(TorchDispatchMode):
+    """Counts the aten ops' outputs that are new storages of exactly `nbytes` (views and in-place
+    results share an input's storage and do not count)."""
+
+    def __init__(self, nbytes: int) -> None:
+        super().__init__()
+        self.nbytes, self.count = nbytes, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        seen = {
+            t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)
+        }
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in seen:
+                self.count += t.untyped_storage().nbytes() == self.nbytes
+        return out
+
+
+def _output_sized_allocations(fn, nbytes: int) -> int:
+    with _NewStorages(nbytes) as mode:
+        fn()
+    return mode.count
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_in_place_adapter_forward_equals_peft_and_allocates_one_output(dtype):
+    """The adapter goes into the base output in one addmm_: the same values and gradients as peft's
+    `result + B(A x) * scale` (within a rounding of the scale), with one output-sized block, not four."""
+    _, model = lora_model(dtype)
+    nudge(model)
+    layer = model.model.layers[0].mlp.up_proj
+    assert type(layer).__name__ == "InPlaceLoraLinear"
+    x = torch.randn(3, 5, layer.in_features, dtype=dtype, requires_grad=True)
+    outs, grads = [], []
+    for forward in (layer, lambda t: _peft_forward(layer, t)):
+        model.zero_grad()
+        x.grad = None
+        y = forward(x)
+        (y * torch.linspace(-1, 1, y.numel(), dtype=dtype).view_as(y)).sum().backward()
+        outs.append(y.detach())
+        grads.append([x.grad, *(p.grad for p in layer.parameters() if p.requires_grad)])
+    tol = {"rtol": 1e-6, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1e-12, "atol": 1e-12}
+    torch.testing.assert_close(outs[0], outs[1], **tol)
+    for ours, theirs in zip(*grads, strict=True):
+        torch.testing.assert_close(ours, theirs, **tol)
+    nbytes = outs[0].numel() * outs[0].element_size()
+    with torch.no_grad():
+        assert _output_sized_allocations(lambda: layer(x), nbytes) == 1
+        assert _output_sized_allocations(lambda: _peft_forward(layer, x), nbytes) == 4
+
+
+def test_disabled_adapters_skip_the_in_place_path():
+    base, model = lora_model()
+    nudge(model)
+    with adapter_disabled(model):
+        torch.testing.assert_close(logits(model, IDS), logits(base, IDS), rtol=0, atol=0)
+    assert not torch.equal(logits(model, IDS), logits(base, IDS))
