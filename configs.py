@@ -60,10 +60,10 @@ class DataConfig:
     data/*_dropped metrics) or rejected, per --data.overlong. 512 as verl's default."""
     overlong: Literal["drop", "error"] = "drop"
     """What to do with a prompt longer than --data.max-prompt-length."""
-    answer_format: Literal["tag", "boxed", "raw"] = "tag"
+    answer_format: Literal["tag", "boxed", "raw", "last"] = "tag"
     """reasoning_gym: sources: how the answer is asked for and extracted, unless the source says answer=:
     tag (the last <answer>...</answer>, reasoning-gym's convention), boxed (the last \\boxed{}), raw
-    (the whole response, stripped)."""
+    (the whole response, stripped), last (the last number in the response: numeric tasks, small models)."""
     builtin_train_size: int = 5000
     """Rows generated for a builtin: training task."""
     builtin_val_size: int = 128

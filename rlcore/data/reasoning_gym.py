@@ -23,6 +23,7 @@ seed) and calls the task's own `score_answer` on the answer extracted from the r
 | `tag` | `<answer>...</answer>` (reasoning-gym's default system prompt) | the last `<answer>` tag's content, stripped (reasoning-gym's `extract_answer`); no tag: no answer (score 0) |
 | `boxed` | `\\boxed{...}` around the final answer | the last `\\boxed{}`'s content |
 | `raw` | the answer alone | the whole response, stripped |
+| `last` | a response that ends with the final answer | the last number in the response (`-1,234.5` -> `-1234.5`; none: no answer): numeric tasks, and small models that do not keep to a format |
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ SYSTEM = {
     "<answer>answer here</answer>. Put only the final answer inside the tags.",
     "boxed": "Given a problem, think it through step by step, then put the final answer alone in \\boxed{}.",
     "raw": "Answer with the final answer only, nothing else.",
+    "last": "Solve the problem. End your response with the final answer.",
 }
 """The system message of each answer format: what the extraction below expects."""
 
@@ -169,6 +171,11 @@ def _row(task: str, entry: dict, config: dict, index: int, answer: str, split: s
     }
 
 
+_NUMBER = re.compile(r"(?<![\d.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+"""A number as written: a minus unless it follows a digit (`5-3` ends in 3), digits or thousands
+groups with commas, decimals."""
+
+
 def extract(response: str, answer_format: str) -> str | None:
     """The answer in `response` per `answer_format` (see the module docstring); None if there is none."""
     if answer_format == "raw":
@@ -181,6 +188,9 @@ def extract(response: str, answer_format: str) -> str | None:
             return unbox(boxed) if boxed is not None else None
         except ValueError:  # an \fbox{}: not the format asked for
             return None
+    if answer_format == "last":
+        numbers = _NUMBER.findall(response)
+        return numbers[-1].replace(",", "") if numbers else None
     found = re.findall(r"<answer>\s?(.*?)\s?</answer>", response, flags=re.DOTALL)
     return found[-1].strip() if found else None
 

@@ -56,6 +56,18 @@ def test_answer_extraction_rules():
     assert extract("no tags", "tag") is None
     assert extract("so \\boxed{7} and \\boxed{\\frac{1}{2}}", "boxed") == "\\frac{1}{2}"
     assert extract("  12 \n", "raw") == "12"
+    # last: the last number as written; a minus after a digit is an operator; thousands commas dropped
+    for response, answer in [("1 + 5 = 6", "6"), ("5-3", "3"), ("so x = -7.", "-7"), ("about 1,234.5 m", "1234.5"),
+                             ("1,2", "2"), ("3.14 then 2", "2"), ("none", None)]:  # fmt: skip
+        assert extract(response, "last") == answer, response
+    row = generate_rows("reasoning_gym:chain_sum?size=1&seed=0&answer=last", "train", 1, seed=0)[0]
+    assert row["prompt"][0]["content"] == SYSTEM["last"]
+    truth = row["reward_model"]["ground_truth"]
+    assert compute_score(row["data_source"], f"The sum is {truth}.", truth, row["extra_info"]) == 1.0
+    assert (
+        compute_score(row["data_source"], f"{truth} plus 1 is {int(truth) + 1}", truth, row["extra_info"])
+        == 0.0
+    )
     row = generate_rows("reasoning_gym:chain_sum?size=1&seed=0&answer=boxed", "train", 1, seed=0)[0]
     assert row["prompt"][0]["content"] == SYSTEM["boxed"]
     truth = row["reward_model"]["ground_truth"]
@@ -70,7 +82,7 @@ def test_answer_extraction_rules():
         ("reasoning_gym:chain_sum?max_terms=x", "chain_sum refuses {'max_terms': 'x'}"),
         ("reasoning_gym:chain_sum+gcd?max_terms=2", "in a mixture write <task>.<field>=value"),
         ("reasoning_gym:chain_sum*0", "weight of chain_sum must be > 0"),
-        ("reasoning_gym:chain_sum?answer=xml", "answer='xml'; choose one of ['boxed', 'raw', 'tag']"),
+        ("reasoning_gym:chain_sum?answer=xml", "answer='xml'; choose one of ['boxed', 'last', 'raw', 'tag']"),
         ("reasoning_gym:chain_sum?size=0", "size=0 must be an integer >= 1"),
     ],
 )
