@@ -101,6 +101,8 @@ def test_lean_step_logits_equal_the_hugging_face_forward(arch, pack):
         state = lean_decoder(model, pack=pack).start(cache, mask, pos[:, -1:] + 1, repeats, steps)
     head, layer = state.weights[3], state.weights[1][0]
     assert head.is_mkldnn == pack == layer[1].is_mkldnn and not layer[0].is_mkldnn  # q packed, norm not
+    fused = pack and "lora" not in arch  # packed q, k, v (and gate, up) as one weight, unless adapted
+    assert (layer[3] is None) == fused == (layer[14] is None) and (layer[12].shape[0] == 192) == fused
     rows = torch.arange(ids.shape[0] * repeats) // repeats  # prompt of each row
     fed = torch.randint(3, VOCAB, (len(rows), steps), generator=torch.Generator().manual_seed(1))
     full_ids = torch.cat([ids[rows], fed], dim=1)
