@@ -11,7 +11,7 @@ TASK:VARIANT:SEED:
 - VARIANT: full (full fine-tuning, the native engine), lora (`--model.lora-rank 16`, lr 5e-5) or vllm
   (`--rollout.engine vllm`);
 - SEED: `--trainer.seed` (the task's rows are the same for every seed).
-Settings: 8 prompts x 8 samples, at most MAX_TOKENS new tokens, lr 5e-6 (LoRA 5e-5), greedy validation
+Settings: 8 prompts x 8 samples, at most MAX_TOKENS new tokens, lr LR (LoRA 1e-4), greedy validation
 on VAL_ROWS held-out rows of the task at step 0, every --val-every steps and at the end.
 
 Printed, as markdown to paste into experiments/README.md: per run the greedy validation reward before,
@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 from bench_real import find_model  # noqa: E402
 
 TASKS = {  # name: (reasoning-gym source, what it asks)
-    "chain_sum": ("reasoning_gym:chain_sum?max_terms=2&max_digits=2&answer=last", "a + b, two-digit terms"),
+    "chain_sum": ("reasoning_gym:chain_sum?max_terms=2&max_digits=1&answer=last", "a +/- b, one-digit terms"),
     "basic_arithmetic": (
         "reasoning_gym:basic_arithmetic?min_terms=3&max_terms=3&min_digits=1&max_digits=1&answer=last",
         "3-term expressions of one-digit numbers: two operations (multi-step)",
@@ -53,14 +53,14 @@ TASKS = {  # name: (reasoning-gym source, what it asks)
 }
 VARIANTS = {
     "full": [],
-    "lora": ["--model.lora-rank", "16", "--optim.lr", "5e-5"],
+    "lora": ["--model.lora-rank", "16", "--optim.lr", "1e-4"],
     "vllm": ["--rollout.engine", "vllm"],
 }
 STUDY = [
     "chain_sum:full:0", "chain_sum:full:1", "basic_arithmetic:full:0", "leg_counting:full:0",
     "chain_sum:lora:0", "chain_sum:vllm:0",
 ]  # fmt: skip
-MAX_TOKENS, VAL_ROWS = 64, 32
+MAX_TOKENS, VAL_ROWS, LR = 48, 32, 1e-5
 
 
 def command(model: Path, task: str, variant: str, seed: int, steps: int, val_every: int, out: Path,
@@ -72,7 +72,7 @@ def command(model: Path, task: str, variant: str, seed: int, steps: int, val_eve
         "--data.train-files", source, "--data.val-files", source,
         "--data.builtin-train-size", "512", "--data.builtin-val-size", str(4 if quick else VAL_ROWS),
         "--data.batch-size", str(batch), "--rollout.n", str(n), "--rollout.max-tokens", str(tokens),
-        "--rollout.val-n", "1", "--optim.lr", "5e-6", "--trainer.steps", str(steps),
+        "--rollout.val-n", "1", "--optim.lr", str(LR), "--trainer.steps", str(steps),
         "--trainer.val-every", str(val_every), "--trainer.seed", str(seed),
         "--log.samples", "4", "--log.no-progress", "--out-dir", str(out), "--resume", "none",
         *VARIANTS[variant],
@@ -161,8 +161,8 @@ def report(results: dict[str, list[dict] | None], dirs: dict[str, Path], steps: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", nargs="+", default=STUDY, help="TASK:VARIANT:SEED, of TASKS and VARIANTS")
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--val-every", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--val-every", type=int, default=4)
     parser.add_argument("--plot", default=None, help="where the curves go (default: the work directory)")
     parser.add_argument("--quick", action="store_true", help="2 steps of 2 prompts x 4, 16 tokens")
     args = parser.parse_args()
