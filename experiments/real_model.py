@@ -83,7 +83,8 @@ def train(cmd: list[str], out: Path) -> list[dict] | None:
     """The run's metrics.jsonl records; None (its stderr's tail on stderr) if it failed."""
     env = os.environ | {"TRANSFORMERS_VERBOSITY": "error"}
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
-    (out / "stderr.txt").write_text(proc.stderr) if out.is_dir() else None
+    if out.is_dir():
+        (out / "stderr.txt").write_text(proc.stderr)
     if proc.returncode != 0:
         print(f"{out.name} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
         return None

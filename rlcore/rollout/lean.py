@@ -298,7 +298,8 @@ def _product(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
     if not w.is_mkldnn:
         return F.linear(x, w, b)
     a = x.shape[0]
-    padded = x if row_bucket(a) == a else F.pad(x, (0, 0, 0, row_bucket(a) - a))
+    extra = row_bucket(a) - a
+    padded = F.pad(x, (0, 0, 0, extra)) if extra else x
     return torch.ops.mkldnn._linear_pointwise(padded, w, b, "none", [], "")[:a]
 
 
@@ -341,8 +342,18 @@ def pack_weights(layers: tuple[Layer, ...], head: Tensor) -> tuple[tuple[Layer, 
     return packed, pack(head.detach(), None)
 
 
-_FUSED = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("mlp.gate_proj", "mlp.up_proj"))
-"""The projections `pack_weights` fuses, each group into its first one's slots."""
+_FUSED = tuple(
+    (
+        tuple(_LAYER_FIELDS.index(f"{p}.weight") for p in group),
+        tuple(len(_LAYER_FIELDS) + _PROJECTIONS.index(p) for p in group),
+    )
+    for group in (
+        ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+        ("mlp.gate_proj", "mlp.up_proj"),
+    )
+)
+"""The projection groups `pack_weights` fuses, each into its first one's slots: (weight slots, each bias
+the slot after its weight; LoRA slots)."""
 
 
 def _fused(layer: Layer) -> Layer:
@@ -350,10 +361,9 @@ def _fused(layer: Layer) -> Layer:
     likewise, an absent one among present ones as zeros; all absent: None) and the others' slots None,
     where no LoRA adapter sits on the group."""
     out = list(layer)
-    for group in _FUSED:
-        if any(layer[len(_LAYER_FIELDS) + _PROJECTIONS.index(p)] is not None for p in group):
+    for slots, adapters in _FUSED:
+        if any(layer[i] is not None for i in adapters):
             continue
-        slots = [_LAYER_FIELDS.index(f"{p}.weight") for p in group]  # each bias follows its weight
         weights, biases = [layer[i].detach() for i in slots], [layer[i + 1] for i in slots]
         out[slots[0]] = torch.cat(weights)
         if any(b is not None for b in biases):
