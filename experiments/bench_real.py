@@ -10,7 +10,8 @@ run is the real `train.py grpo` on `reasoning_gym:chain_sum?max_terms=2&answer=r
 samples, up to 48 new tokens, lr 5e-6, no validation, one variant after the other:
 - full: full fine-tuning in fp32;            - lora: `--model.lora-rank 16`;
 - bf16: `--model.compute-dtype bfloat16`;    - vllm: `--rollout.engine vllm`;
-- ckpt: `--model.activation-checkpointing` (memory against time).
+- ckpt: `--model.activation-checkpointing` (memory against time);
+- spin: full with `GOMP_SPINCOUNT=10000` (OpenMP threads spin briefly before they sleep).
 Measured per variant, medians over steps 2..S (step 1 is the warm-up): rollout, update, weight-sync and
 step seconds (`timing/*_s` of metrics.jsonl), generated tokens per step, peak resident memory (and GPU
 memory where there is one), the largest rollout-vs-trainer log-prob gap, the mean train reward (all
@@ -57,7 +58,11 @@ VARIANTS = {
     "bf16": ["--model.compute-dtype", "bfloat16"],
     "ckpt": ["--model.activation-checkpointing"],
     "vllm": ["--rollout.engine", "vllm"],
+    "spin": [],
 }
+# Environment per variant, on top of train.py's OMP_WAIT_POLICY=PASSIVE (which alone sets libgomp's spin
+# count to 0: every parallel region wakes sleeping threads). GOMP_SPINCOUNT overrides that count.
+ENV = {"spin": {"GOMP_SPINCOUNT": "10000"}}
 FULL = {"steps": 4, "batch": 8, "n": 8, "max_tokens": 48}
 QUICK = {"steps": 2, "batch": 2, "n": 4, "max_tokens": 16}
 COLUMNS = {  # the table's header: (summarize's key, format)
@@ -111,18 +116,18 @@ def prompt_tokens(model: Path, rows: int = 8) -> float:
     return statistics.mean(len(i) for i in ids)
 
 
-def train(model: Path, flags: list[str], shape: dict[str, int], out: Path) -> list[dict] | None:
+def train(model: Path, name: str, shape: dict[str, int], out: Path) -> list[dict] | None:
     """One train.py run's metrics.jsonl records; None (and its stderr's tail on stderr) if it failed."""
     cmd = [sys.executable, str(ROOT / "train.py"), "grpo", "--model.path", str(model),
            "--data.train-files", TASK, "--data.builtin-train-size", "256",
            "--data.batch-size", str(shape["batch"]), "--rollout.n", str(shape["n"]),
            "--rollout.max-tokens", str(shape["max_tokens"]), "--optim.lr", "5e-6",
            "--trainer.val-every", "0", "--trainer.steps", str(shape["steps"]), "--log.no-progress",
-           "--out-dir", str(out), *flags]  # fmt: skip
-    env = os.environ | {"TRANSFORMERS_VERBOSITY": "error"}
+           "--out-dir", str(out), *VARIANTS[name]]  # fmt: skip
+    env = os.environ | {"TRANSFORMERS_VERBOSITY": "error"} | ENV.get(name, {})
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        print(f"{' '.join(flags) or 'full'} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+        print(f"{name} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
         return None
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -239,7 +244,7 @@ def main() -> None:
     params = float("nan")
     for name in names:
         started = time.perf_counter()
-        records = train(model, VARIANTS[name], shape, root / name)
+        records = train(model, name, shape, root / name)
         print(f"{name}: {time.perf_counter() - started:.0f} s ({root / name})", file=sys.stderr, flush=True)
         rows[name] = summarize(records, VARIANTS[name], shape, prompt, peaks) if records else None
         if records and params != params:  # the first run's base model (LoRA's adapters not counted)

@@ -46,6 +46,14 @@ TASKS = {  # name: (reasoning-gym source, what it asks)
         "reasoning_gym:basic_arithmetic?min_terms=3&max_terms=3&min_digits=1&max_digits=1&answer=last",
         "3-term expressions of one-digit numbers: two operations (multi-step)",
     ),
+    "chain_sum3": (
+        "reasoning_gym:chain_sum?min_terms=3&max_terms=3&max_digits=1&answer=last",
+        "a +/- b +/- c, one-digit terms: two operations (multi-step)",
+    ),
+    "products": (
+        "reasoning_gym:products?min_terms=2&max_terms=2&min_digits=1&max_digits=1&answer=last",
+        "a * b, one-digit factors",
+    ),
     "leg_counting": (
         "reasoning_gym:leg_counting?min_animals=1&max_animals=2&answer=last",
         "legs of 1-2 kinds of animals, several of each: look up, multiply, add (multi-step)",
@@ -152,6 +160,9 @@ def report(results: dict[str, list[dict] | None], dirs: dict[str, Path], steps: 
         cells = [f"{s['val_before']:.3f}", f"{s['val_after']:.3f}", f"{s['val_best']:.3f}",
                  f"{s['train_first']:.3f}", f"{s['train_last']:.3f}", f"{s['step_s']:.1f}", f"{s['gap_max']:.2g}"]  # fmt: skip
         lines.append("| " + " | ".join([name, *cells]) + " |")
+    lines += ["", "Greedy validation reward by step:"]
+    lines += [f"- {name}: " + ", ".join(f"{step}: {value:.3f}" for step, value in curve(records))
+              for name, records in results.items() if records]  # fmt: skip
     for name in results:
         if name.endswith(":full:0") and results[name]:
             lines += ["", f"{name}, step 1:", *(f"- {s}" for s in samples(dirs[name], 1))]

