@@ -50,8 +50,6 @@ def test_every_preset_is_valid(name):
         (with_(BASE, trainer=TrainerConfig(profile_steps="4:2")), 1, "--trainer.profile-steps '4:2': need 1 <= A <= B"),
         (with_(BASE, trainer=TrainerConfig(profile_steps="2:40")), 1, "--trainer.profile-steps 2:40: the run has --trainer.steps 30"),
         (with_(BASE, trainer=TrainerConfig(hang_timeout_s=-1)), 1, "--trainer.hang-timeout-s -1: must be >= 0"),
-        (with_(BASE, model=ModelConfig(lora_rank=4), pipeline=PipelineConfig(placement="split")), 2,
-         "--model.lora-rank 4 with --pipeline.placement split: the adapter push to rollout ranks is not built yet"),
         (with_(BASE, model=ModelConfig(lora_rank=4, lora_dropout=1.0)), 1, "--model.lora-dropout 1.0: must be in [0, 1)"),
         (with_(BASE, data=DataConfig(train_files=("missing.parquet",))), 1, "--data.train-files missing.parquet: file not found"),
         (with_(BASE, data=DataConfig(val_files=("builtin:nope",))), 1, "--data.val-files builtin:nope: unknown built-in task"),

@@ -17,7 +17,7 @@ its receiver reads (a weight push) keeps the returned works and waits on them la
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -27,6 +27,9 @@ from torch import Tensor
 from rlcore.batch import Batch
 from rlcore.dist.mesh import group_device
 from rlcore.dist.stream import unique_state
+
+StateFn = Callable[[torch.nn.Module], Iterable[tuple[str, Tensor]]]
+"""Which (name, tensor) pairs of a model a push sends (rlcore.dist.stream.iter_full_state's `state`)."""
 
 _DTYPES = {str(t).removeprefix("torch."): t for t in (torch.float16, torch.bfloat16, torch.float32, torch.float64,
                                                        torch.int8, torch.int16, torch.int32, torch.int64,
@@ -83,21 +86,32 @@ def recv_batch(src: int, *, group: Any = None) -> Batch:
     return Batch(tensors=tensors, non_tensors=doc["rows"], meta=doc["meta"])
 
 
-def weight_manifest(model: torch.nn.Module) -> list[list[Any]]:
-    """[name, dtype, full shape] of each tensor a `WeightPush` of `model` sends, in its order (tied
-    tensors once; DTensors by their global shape, nothing gathered)."""
-    return [[name, str(t.dtype).removeprefix("torch."), list(t.shape)] for name, t in unique_state(model)]
+def weight_manifest(model: torch.nn.Module, state: StateFn | None = None) -> list[list[Any]]:
+    """[name, dtype, full shape] of each tensor a `WeightPush` of `model` with `state` sends, in its
+    order (default: the whole state, tied tensors once; DTensors by their global shape, nothing
+    gathered)."""
+    return [
+        [name, str(t.dtype).removeprefix("torch."), list(t.shape)]
+        for name, t in (state or unique_state)(model)
+    ]
 
 
 def broadcast_weights(
-    model: torch.nn.Module, weights: Any, *, src: int, group: Any = None, async_op: bool = False
+    model: torch.nn.Module,
+    weights: Any,
+    *,
+    src: int,
+    group: Any = None,
+    async_op: bool = False,
+    state: StateFn | None = None,
 ) -> list[Any]:
-    """Send a push of `model` (`weights`: its `WeightPush`, iterated here) from `src` to every other rank
-    of `group`, whose `receive_weights` feeds its engine; one broadcast per tensor after a manifest.
+    """Send a push of `model` (`weights`: its `WeightPush` with `state`, iterated here) from `src` to
+    every other rank of `group`, whose `receive_weights` feeds its engine; one broadcast per tensor after
+    a manifest.
     With `async_op` nothing waits for the receivers: the works are returned (each holds a copy of its
     tensor, so the model may change meanwhile)."""
     device = group_device(group)
-    text = json_tensor(weight_manifest(model))
+    text = json_tensor(weight_manifest(model, state))
     pieces = [torch.tensor([text.numel()], dtype=torch.int64, device=device), text.to(device)]
     works = [dist.broadcast(piece, src, group=group, async_op=async_op) for piece in pieces]
     for _, tensor in weights:

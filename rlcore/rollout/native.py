@@ -264,19 +264,8 @@ class NativeEngine:
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
         """Copy full tensors, named as in the trainer's HF model, into this engine's model in place."""
-        targets = self.model.state_dict(keep_vars=True)
         self._loads += 1
-        with torch.no_grad():
-            for name, tensor in named_tensors:
-                key = canonical_name(name)
-                if key not in targets:
-                    raise KeyError(f"load_weights: the engine's model has no tensor {name!r} (as {key!r})")
-                target = targets[key]
-                if tuple(target.shape) != tuple(tensor.shape):
-                    raise ValueError(
-                        f"load_weights: {name!r} has shape {tuple(tensor.shape)}, the engine's is {tuple(target.shape)}"
-                    )
-                target.copy_(tensor)
+        load_named(self.model, named_tensors)
 
     def sleep(self) -> None:
         """Refuse `generate` until `wake`; with `offload_on_sleep` on an accelerator, move the weights to
@@ -448,6 +437,23 @@ class _StopStrings:
         out = torch.zeros(live.shape, dtype=torch.bool, device=live.device)
         out[live] = torch.tensor(hit, dtype=torch.bool, device=live.device)
         return out
+
+
+def load_named(model: torch.nn.Module, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
+    """Copy full tensors into `model`'s state in place, matched by `canonical_name`; a name it lacks or a
+    shape that differs raises."""
+    targets = model.state_dict(keep_vars=True)
+    with torch.no_grad():
+        for name, tensor in named_tensors:
+            key = canonical_name(name)
+            if key not in targets:
+                raise KeyError(f"load_weights: the engine's model has no tensor {name!r} (as {key!r})")
+            target = targets[key]
+            if tuple(target.shape) != tuple(tensor.shape):
+                raise ValueError(
+                    f"load_weights: {name!r} has shape {tuple(tensor.shape)}, the engine's is {tuple(target.shape)}"
+                )
+            target.copy_(tensor)
 
 
 def canonical_name(name: str) -> str:

@@ -25,13 +25,14 @@ from rlcore.rewards.pool import RewardScorer
 from rlcore.rollout.env import EnvSpecError
 from rlcore.state import TrainState
 from rlcore.trainer import agents, models
-from rlcore.trainer.algorithm import bind, learning_rate
+from rlcore.trainer.algorithm import bind, learning_rate, sync_bucket_bytes
 from rlcore.trainer.faults import Hooks
 from rlcore.trainer.handles import Handles, Outbox
 from rlcore.trainer.logger import MetricsLogger
 from rlcore.trainer.preflight import preflight
 from rlcore.trainer.samples import SampleWriter
 from rlcore.trainer.transport import transport_of
+from rlcore.trainer.weights import AdapterRelay
 
 USER_ERRORS = (ConfigError, DataError, RewardSpecError, EnvSpecError)
 """What the user fixes: one `error:` line and exit 2."""
@@ -90,8 +91,16 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm, StepPlan]:
     h = Handles(out_dir=out_dir, placement=placement, dist=dist, mesh=mesh, tokenizer=tokenizer,
                 train_ds=train_ds, val_ds=val_ds, scorer=scorer, engine=engine, ref_model=ref_model, logger=logger,
                 samples=samples, transport=transport_of(placement.role), model_base=model_base(cfg),
-                hooks=Hooks.from_env(), outbox=Outbox() if placement.role == "trainer" else None)  # fmt: skip
+                hooks=Hooks.from_env(), outbox=Outbox() if placement.role == "trainer" else None,
+                relay=_relay(cfg, placement, model))  # fmt: skip
     return state, h, algorithm, plan
+
+
+def _relay(cfg: Config, placement: Any, model: Any) -> AdapterRelay | None:
+    """A rollout rank of a LoRA policy keeps its copy (with the adapter layers) for the pushed adapters."""
+    if placement.role != "rollout" or cfg.model.lora_rank == 0:
+        return None
+    return AdapterRelay(model, bucket_bytes=sync_bucket_bytes(cfg))
 
 
 def record(cfg: Config) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from rlcore.rollout.base import RolloutEngine
 from rlcore.trainer.faults import Hooks
 from rlcore.trainer.logger import MetricsLogger
 from rlcore.trainer.samples import SampleWriter
+from rlcore.trainer.weights import AdapterRelay
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -98,3 +99,5 @@ class Handles:
     """Test-only faults (rlcore.trainer.faults; the shell reads them from the environment once)."""
     outbox: Outbox | None = None
     """The trainer leader's weight pushes in flight (split placement; stream mode does not wait for them)."""
+    relay: AdapterRelay | None = None
+    """A rollout rank's copy of a LoRA policy (split placement), where the pushed adapters land."""

@@ -238,11 +238,6 @@ def _check_lora(cfg: Config) -> None:
         return
     need(m.lora_alpha > 0, f"--model.lora-alpha {m.lora_alpha}: must be > 0")
     need(0 <= m.lora_dropout < 1, f"--model.lora-dropout {m.lora_dropout}: must be in [0, 1)")
-    need(
-        cfg.pipeline.placement == "colocate",
-        f"--model.lora-rank {m.lora_rank} with --pipeline.placement split: "
-        "the adapter push to rollout ranks is not built yet; use colocate",
-    )
 
 
 def _check_trainer(cfg: Config) -> None:

@@ -52,6 +52,7 @@ from rlcore.state import Rollout, TrainState
 from rlcore.steps import concat_rollouts
 from rlcore.trainer import checkpoints
 from rlcore.trainer.collect import due, generate
+from rlcore.trainer.weights import push_state
 
 if TYPE_CHECKING:
     from rlcore.trainer.handles import Handles
@@ -129,9 +130,12 @@ def push_weights(
     waited = {"pipeline/push_wait_s": time.perf_counter() - started}
     if model is None:
         return {"sync/bytes": 0.0, "sync/tensors": 0.0} | waited
-    with WeightPush(model, bucket_bytes=bucket_bytes, all_ranks=True) as push:
+    state = push_state(model)  # LoRA: the adapter tensors only; the rollout ranks hold the base
+    with WeightPush(model, bucket_bytes=bucket_bytes, all_ranks=True, state=state) as push:
         if leads:
-            h.outbox.add(broadcast_weights(model, push, src=p.leader, group=p.push, async_op=stream))
+            h.outbox.add(
+                broadcast_weights(model, push, src=p.leader, group=p.push, async_op=stream, state=state)
+            )
         else:
             for _ in push:  # the gathers are collectives of the trainer ranks; only the leader sends
                 pass
@@ -176,7 +180,10 @@ def receive_push(
     step, version, has_weights = announce.cpu().tolist()
     if has_weights:
         stream = receive_weights(src=p.leader, group=p.push)
-        h.engine.load_weights(stream)
+        if h.relay is not None:  # a LoRA policy: the adapter lands in this rank's copy, then in the engine
+            h.relay.load(h.engine, stream)
+        else:
+            h.engine.load_weights(stream)
         if sum(1 for _ in stream):  # read the rest, so the broadcasts stay matched; then refuse
             raise RuntimeError("the engine's load_weights left tensors of the push unread")
     pending = tuple(r for r in state.pending if r.step > step)

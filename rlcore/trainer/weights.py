@@ -1,8 +1,12 @@
 """Weights from the trained policy into a rollout engine: `push_weights` (one update of the engine per
-call, bucketed) and `engine_holds` (whether the engine samples with the policy's current weights)."""
+call, bucketed), `engine_holds` (whether the engine samples with the policy's current weights), and
+`push_state` / `AdapterRelay` (what a push sends between the roles of split placement, and a LoRA
+rollout rank's end of it)."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -50,6 +54,32 @@ def _lora_state(model: nn.Module, target: nn.Module | None) -> Any:
     if not is_lora(model):
         return None
     return adapter_params if target is not None and is_lora(target) else merged_state
+
+
+def push_state(model: nn.Module) -> Callable[[nn.Module], Iterable[tuple[str, torch.Tensor]]] | None:
+    """What a push between ranks sends of `model`: a LoRA policy's adapter tensors only (the other side
+    holds the base), else everything (None)."""
+    from rlcore.models.lora import adapter_params, is_lora
+
+    return adapter_params if is_lora(model) else None
+
+
+@dataclasses.dataclass(frozen=True)
+class AdapterRelay:
+    """A rollout rank's copy of a LoRA policy (split placement): the trainer's pushes carry the adapter
+    tensors only (`push_state`); they land in `model` (the base with the same adapter layers), and the
+    engine is refreshed from it exactly as a colocated engine is from the trained module (`push_weights`:
+    the merged weights into the native engine's plain copy, the adapter as a LoRA request into vLLM)."""
+
+    model: nn.Module
+    bucket_bytes: int
+
+    def load(self, engine: RolloutEngine, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """One push: the adapter tensors into the copy, then one update of `engine` from it."""
+        from rlcore.rollout.native import load_named
+
+        load_named(self.model, named_tensors)
+        push_weights(self.model, engine, bucket_bytes=self.bucket_bytes)
 
 
 def engine_holds(model: nn.Module, engine: RolloutEngine) -> bool | None:
