@@ -3,6 +3,7 @@
     place(info)                               # colocate: every rank does both (the default)
     place(info, split=True, rollout_ranks=1)  # torchrun, W ranks: rank 0 rolls out, ranks 1..W-1 train
     place(info, tp=2, sp=2)                   # colocate on a mesh (dp_shard, sp, tp): 4 ranks share a batch
+    place(info, split=True, tp=2)             # split: the trainer ranks on their own (dp_shard, tp) mesh
 
 Under split placement ranks [0, N) hold the rollout role (engine, rewards, prompts) and ranks [N, W)
 the trainer role (the policy sharded with FSDP2 over a mesh of the trainer ranks, reference and critic
@@ -14,7 +15,7 @@ unchanged; what crosses roles goes over three process groups made here:
     push:   the rollout ranks and the trainer leader (rank N); weight pushes, broadcast from the leader
     val:    rollout rank 0 and the trainer leader; validation results
 
-With tensor or sequence parallelism (colocated), the tp x sp ranks of one data-parallel coordinate
+With tensor or sequence parallelism (colocated; under split, tp on the trainer ranks), the tp x sp ranks of one data-parallel coordinate
 are *peers*: they hold one model split between them and train one batch, so `local` is the
 data-parallel coordinate (rank and size of `mesh`, the dp_shard axis) that picks the prompts and the
 sampling seeds, `shard_mesh` is what FSDP2 shards over (dp_shard, flattened with sp: sp ranks hold the
@@ -76,6 +77,8 @@ class Placement:
     """split: rollout rank 0 and the trainer leader (validation results)."""
     rollouts: Any = None
     """split: the rollout ranks' process group (the world an in-process vLLM engine sees)."""
+    peer_size: int = 1
+    """tp x sp: how many trainer ranks share one data-parallel coordinate's batch (consecutive ranks)."""
 
     @property
     def split(self) -> bool:
@@ -111,15 +114,17 @@ def place(info: DistInfo, *, split: bool = False, rollout_ranks: int = 1, tp: in
         mesh = build_mesh(info)
         return Placement(role="both", rollout_ranks=everyone, trainer_ranks=everyone, local=info, mesh=mesh,
                          shard_mesh=mesh)  # fmt: skip
-    if tp * sp > 1:
-        raise ValueError("tensor / sequence parallelism with split placement is not built; use colocate")
     n, w = rollout_ranks, info.world_size
     if not 1 <= n < w:
         raise ValueError(f"split placement needs 1 <= rollout ranks ({n}) < world size ({w})")
     rollout, trainer = everyone[:n], everyone[n:]
-    meshes = {
-        role: _mesh(info.device.type, ranks) for role, ranks in (("rollout", rollout), ("trainer", trainer))
-    }
+    if (w - n) % (tp * sp):
+        raise ValueError(f"split placement: tp ({tp}) x sp ({sp}) must divide the trainer ranks ({w - n})")
+    if sp > 1:  # its flattened axes make process groups that the rollout ranks, outside the mesh, cannot join
+        raise ValueError("sequence parallelism with split placement is not built; use colocate, or tp")
+    meshes = {"rollout": _mesh(info.device.type, rollout)}
+    axes = _model_axes(info, trainer, tp=tp, sp=sp)  # every rank builds them: making groups is collective
+    meshes["trainer"] = axes.get("mesh") if tp * sp > 1 else _mesh(info.device.type, trainer)
     groups = {
         "trainers": dist.new_group(list(trainer), timeout=WAIT),
         "data": dist.new_group(list(everyone), timeout=WAIT),
@@ -128,29 +133,51 @@ def place(info: DistInfo, *, split: bool = False, rollout_ranks: int = 1, tp: in
         "rollouts": dist.new_group(list(rollout), timeout=WAIT),
     }
     role = "rollout" if info.rank < n else "trainer"
+    if role == "trainer" and tp * sp > 1:  # the trainer ranks' own (dp_shard, sp, tp) mesh, as colocated
+        return Placement(role=role, rollout_ranks=rollout, trainer_ranks=trainer, peer_size=tp * sp,
+                         **{k: v for k, v in axes.items() if k != "full"}, **groups)  # fmt: skip
     ranks = rollout if role == "rollout" else trainer
     local = dataclasses.replace(info, rank=ranks.index(info.rank), world_size=len(ranks))
     return Placement(role=role, rollout_ranks=rollout, trainer_ranks=trainer, local=local, mesh=meshes[role],
-                     shard_mesh=meshes[role] if role == "trainer" else None, **groups)  # fmt: skip
+                     shard_mesh=meshes[role] if role == "trainer" else None, peer_size=tp * sp, **groups)  # fmt: skip
 
 
 def _model_parallel(info: DistInfo, *, tp: int, sp: int) -> Placement:
     """Colocated on the mesh (dp_shard, sp, tp): this rank's data-parallel coordinate, axes and peers."""
     everyone = tuple(range(info.world_size))
-    full = build_mesh(info, sp=sp, tp=tp)
-    assert full is not None  # tp * sp > 1 processes
-    dp = full[MeshAxis.DP_SHARD.value]
+    axes = _model_axes(info, everyone, tp=tp, sp=sp)
+    return Placement(role="both", rollout_ranks=everyone, trainer_ranks=everyone, peer_size=tp * sp,
+                     **{k: v for k, v in axes.items() if k != "full"})  # fmt: skip
+
+
+def _model_axes(info: DistInfo, ranks: tuple[int, ...], *, tp: int, sp: int) -> dict[str, Any]:
+    """The mesh (dp_shard, sp, tp) over `ranks` (consecutive, tp fastest) and, for a member, its
+    Placement fields: `local` (the data-parallel coordinate), `mesh`, `shard_mesh`, `tp_mesh`, `sp_mesh`,
+    `peers`. Every rank of the world calls it alike (a non-member gets {"full": None} or nothing)."""
+    if tp * sp == 1:
+        return {}
+    dims = [(MeshAxis.DP_SHARD, len(ranks) // (tp * sp)), (MeshAxis.SP, sp), (MeshAxis.TP, tp)]
+    kept = [(axis, size) for axis, size in dims if size > 1 or axis == MeshAxis.DP_SHARD]
+    layout = arange(ranks[0], ranks[-1] + 1).reshape(tuple(size for _, size in kept))
+    if len(ranks) == info.world_size:
+        full = build_mesh(info, sp=sp, tp=tp)
+    else:
+        full = DeviceMesh(info.device.type, layout, mesh_dim_names=tuple(a.value for a, _ in kept))
+    if info.rank not in ranks:  # slicing needs a member (with sp, the flattened axes: see `place`)
+        return {"full": None}
     model_axes = tuple(a.value for a, n in ((MeshAxis.SP, sp), (MeshAxis.TP, tp)) if n > 1)
     peers = full[model_axes] if len(model_axes) == 1 else full[model_axes]._flatten("sp_tp")
+    dp = full[MeshAxis.DP_SHARD.value]
     shard = full[(MeshAxis.DP_SHARD.value, MeshAxis.SP.value)]._flatten("dp_shard_sp") if sp > 1 else dp
-    local = dataclasses.replace(info, rank=dp.get_local_rank(), world_size=dp.size())
-    return Placement(
-        role="both", rollout_ranks=everyone, trainer_ranks=everyone, local=local, mesh=dp,
-        shard_mesh=shard if shard.size() > 1 else None,
-        tp_mesh=full[MeshAxis.TP.value] if tp > 1 else None,
-        sp_mesh=full[MeshAxis.SP.value] if sp > 1 else None,
-        peers=peers.get_group(),
-    )  # fmt: skip
+    return {
+        "full": full,
+        "local": dataclasses.replace(info, rank=dp.get_local_rank(), world_size=dp.size()),
+        "mesh": dp,
+        "shard_mesh": shard if shard.size() > 1 else None,
+        "tp_mesh": full[MeshAxis.TP.value] if tp > 1 else None,
+        "sp_mesh": full[MeshAxis.SP.value] if sp > 1 else None,
+        "peers": peers.get_group(),
+    }
 
 
 @contextlib.contextmanager

@@ -51,7 +51,12 @@ def roles(cfg: Config, world_size: int) -> dict[str, int]:
         if peers > 1:
             return {"data-parallel size (world size / tp / sp)": max(1, world_size // peers)}
         return {"world size": world_size}
-    n = cfg.pipeline.rollout_ranks
+    n, peers = cfg.pipeline.rollout_ranks, cfg.trainer.tp * cfg.trainer.sp
+    if peers > 1:
+        return {
+            "number of rollout ranks": n,
+            "trainer ranks' data-parallel size": max(1, (world_size - n) // peers),
+        }
     return {"number of rollout ranks": n, "number of trainer ranks": world_size - n}
 
 
@@ -67,7 +72,7 @@ def _check_batch(cfg: Config, world_size: int) -> None:
 
 
 def _check_mesh(cfg: Config, world_size: int) -> None:
-    """--trainer.tp / --trainer.sp: factors of the world, colocated, without LoRA."""
+    """--trainer.tp / --trainer.sp: factors of the world (split: of the trainer ranks), without LoRA."""
     from rlcore.dist.mesh import mesh_problem
 
     t = cfg.trainer
@@ -76,12 +81,21 @@ def _check_mesh(cfg: Config, world_size: int) -> None:
     if t.tp * t.sp == 1:
         return
     flags = " ".join(f"--trainer.{k} {n}" for k, n in (("tp", t.tp), ("sp", t.sp)) if n > 1)
-    problem = mesh_problem(world_size, tp=t.tp, sp=t.sp)
-    need(problem is None, f"{flags}: {problem}")
-    need(
-        cfg.pipeline.placement == "colocate",
-        f"{flags} with --pipeline.placement split: not built; use colocate",
-    )
+    if cfg.pipeline.placement == "split":  # the trainer ranks' own mesh
+        need(
+            t.sp == 1,
+            f"--trainer.sp {t.sp} with --pipeline.placement split: not built (its flattened mesh axes make "
+            "process groups the rollout ranks cannot join); use --trainer.tp, or colocate",
+        )
+        trainers = world_size - cfg.pipeline.rollout_ranks
+        problem = mesh_problem(trainers, tp=t.tp, sp=t.sp)
+        need(
+            problem is None,
+            f"{flags} with --pipeline.placement split: {problem} (the trainer ranks: {trainers})",
+        )
+    else:
+        problem = mesh_problem(world_size, tp=t.tp, sp=t.sp)
+        need(problem is None, f"{flags}: {problem}")
     need(
         t.tp == 1 or (cfg.model.lora_rank == 0 and cfg.critic.lora_rank == 0),
         f"{flags} with LoRA (--model.lora-rank / --critic.lora-rank): the adapters are not split; use tp 1",

@@ -85,8 +85,9 @@ def send_rollout(rollout: Rollout, h: Handles, plan: StepPlan) -> list[Any]:
         "metrics": reduce_metrics(dict(rollout.metrics), h.mesh),
     }
     works = []
-    for dst, (a, b) in zip(p.trainer_ranks, routes(groups, h.dist.rank, h.dist.world_size, len(p.trainer_ranks)),
-                           strict=True):  # fmt: skip
+    parts = routes(groups, h.dist.rank, h.dist.world_size, len(p.trainer_ranks) // p.peer_size)
+    for i, dst in enumerate(p.trainer_ranks):  # tp / sp: the peers of a data-parallel coordinate get its part
+        a, b = parts[i // p.peer_size]
         piece = rollout.batch[a * n : b * n].with_meta(rollout=info)
         works += send_batch(piece, dst, group=p.data, async_op=True)
     return works

@@ -103,6 +103,21 @@ def test_ranks_that_split_one_model_train_like_one_process(axis, one_process, un
         assert_same_metrics(expected[2:], read_metrics(resumed / "metrics.jsonl"))
 
 
+def test_a_tp_trainer_mesh_under_split_placement_trains_like_one_process(one_process, tmp_path):
+    """1 rollout rank + 2 trainer ranks at tp 2 (3 processes, K = 0): the trainer ranks hold one model
+    split between them, both receive the whole batch, and the leader gathers whole tensors from the tp
+    shards for the push; every metric is the one process's within 1e-5 (the rollout/trainer gap too:
+    a push of half a tensor, or of the other peer's part, would be far off)."""
+    proc = torchrun(*ARGS, "--trainer.tp", "2", "--pipeline.placement", "split", "--trainer.save-every", "2",
+                    "--out-dir", str(tmp_path), nproc=3)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    expected, got = (read_metrics(d / "metrics.jsonl") for d in (one_process["default"], tmp_path))
+    assert_same_metrics(expected, got)
+    assert all(r["sync/bytes"] > 0 for r in got)
+    step_2 = tmp_path / "checkpoints" / "step_2"  # the trainer ranks split o_proj by its input (the heads)
+    assert _chunks(step_2, "model.model.layers.0.self_attn.o_proj.weight") == [(96, 48)] * 2
+
+
 def _chunks(checkpoint: Path, key: str) -> list[tuple[int, ...]]:
     """The shapes of the pieces the ranks saved of `key` in a checkpoint's DCP index."""
     from rlcore.dist.safe_dcp import SafeFileSystemReader
