@@ -41,6 +41,7 @@ forward's to float32 rounding (tests/test_lean_decode.py: <= 1e-5 at every step)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Callable
 from typing import Any
@@ -318,12 +319,19 @@ _PACKED_FIELDS = frozenset(i for i, f in enumerate(_LAYER_FIELDS) if f.endswith(
 
 
 def can_pack(weight: Tensor) -> bool:
-    """Whether `pack_weights` applies: a CPU float32 or bfloat16 weight and a oneDNN build."""
+    """Whether `pack_weights` applies: a CPU weight in float32, or in bfloat16 where oneDNN has bf16
+    kernels for this CPU (AVX-512 BW/VL/DQ or AVX-NE-CONVERT; an AVX2-only CPU has none and samples
+    with the plain products), and a oneDNN build."""
     return (
         weight.device.type == "cpu"
-        and weight.dtype in (torch.float32, torch.bfloat16)
         and torch.backends.mkldnn.is_available()
+        and (weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and _bf16_kernels()))
     )
+
+
+@functools.cache
+def _bf16_kernels() -> bool:
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def pack_weights(layers: tuple[Layer, ...], head: Tensor) -> tuple[tuple[Layer, ...], Tensor]:
