@@ -124,7 +124,7 @@ def place(info: DistInfo, *, split: bool = False, rollout_ranks: int = 1, tp: in
         raise ValueError("sequence parallelism with split placement is not built; use colocate, or tp")
     meshes = {"rollout": _mesh(info.device.type, rollout)}
     axes = _model_axes(info, trainer, tp=tp, sp=sp)  # every rank builds them: making groups is collective
-    meshes["trainer"] = axes.get("mesh") if tp * sp > 1 else _mesh(info.device.type, trainer)
+    meshes["trainer"] = None if tp * sp > 1 else _mesh(info.device.type, trainer)  # tp: in `axes`
     groups = {
         "trainers": dist.new_group(list(trainer), timeout=WAIT),
         "data": dist.new_group(list(everyone), timeout=WAIT),
@@ -134,8 +134,8 @@ def place(info: DistInfo, *, split: bool = False, rollout_ranks: int = 1, tp: in
     }
     role = "rollout" if info.rank < n else "trainer"
     if role == "trainer" and tp * sp > 1:  # the trainer ranks' own (dp_shard, sp, tp) mesh, as colocated
-        return Placement(role=role, rollout_ranks=rollout, trainer_ranks=trainer, peer_size=tp * sp,
-                         **{k: v for k, v in axes.items() if k != "full"}, **groups)  # fmt: skip
+        return Placement(role=role, rollout_ranks=rollout, trainer_ranks=trainer, peer_size=tp * sp, **axes,
+                         **groups)  # fmt: skip
     ranks = rollout if role == "rollout" else trainer
     local = dataclasses.replace(info, rank=ranks.index(info.rank), world_size=len(ranks))
     return Placement(role=role, rollout_ranks=rollout, trainer_ranks=trainer, local=local, mesh=meshes[role],
@@ -146,31 +146,29 @@ def _model_parallel(info: DistInfo, *, tp: int, sp: int) -> Placement:
     """Colocated on the mesh (dp_shard, sp, tp): this rank's data-parallel coordinate, axes and peers."""
     everyone = tuple(range(info.world_size))
     axes = _model_axes(info, everyone, tp=tp, sp=sp)
-    return Placement(role="both", rollout_ranks=everyone, trainer_ranks=everyone, peer_size=tp * sp,
-                     **{k: v for k, v in axes.items() if k != "full"})  # fmt: skip
+    return Placement(role="both", rollout_ranks=everyone, trainer_ranks=everyone, peer_size=tp * sp, **axes)
 
 
 def _model_axes(info: DistInfo, ranks: tuple[int, ...], *, tp: int, sp: int) -> dict[str, Any]:
     """The mesh (dp_shard, sp, tp) over `ranks` (consecutive, tp fastest) and, for a member, its
     Placement fields: `local` (the data-parallel coordinate), `mesh`, `shard_mesh`, `tp_mesh`, `sp_mesh`,
-    `peers`. Every rank of the world calls it alike (a non-member gets {"full": None} or nothing)."""
+    `peers`. Every rank of the world calls it alike (a non-member, and tp = sp = 1, get {})."""
     if tp * sp == 1:
         return {}
-    dims = [(MeshAxis.DP_SHARD, len(ranks) // (tp * sp)), (MeshAxis.SP, sp), (MeshAxis.TP, tp)]
-    kept = [(axis, size) for axis, size in dims if size > 1 or axis == MeshAxis.DP_SHARD]
-    layout = arange(ranks[0], ranks[-1] + 1).reshape(tuple(size for _, size in kept))
     if len(ranks) == info.world_size:
         full = build_mesh(info, sp=sp, tp=tp)
     else:
+        dims = [(MeshAxis.DP_SHARD, len(ranks) // (tp * sp)), (MeshAxis.SP, sp), (MeshAxis.TP, tp)]
+        kept = [(axis, size) for axis, size in dims if size > 1 or axis == MeshAxis.DP_SHARD]
+        layout = arange(ranks[0], ranks[-1] + 1).reshape(tuple(size for _, size in kept))
         full = DeviceMesh(info.device.type, layout, mesh_dim_names=tuple(a.value for a, _ in kept))
     if info.rank not in ranks:  # slicing needs a member (with sp, the flattened axes: see `place`)
-        return {"full": None}
+        return {}
     model_axes = tuple(a.value for a, n in ((MeshAxis.SP, sp), (MeshAxis.TP, tp)) if n > 1)
     peers = full[model_axes] if len(model_axes) == 1 else full[model_axes]._flatten("sp_tp")
     dp = full[MeshAxis.DP_SHARD.value]
     shard = full[(MeshAxis.DP_SHARD.value, MeshAxis.SP.value)]._flatten("dp_shard_sp") if sp > 1 else dp
     return {
-        "full": full,
         "local": dataclasses.replace(info, rank=dp.get_local_rank(), world_size=dp.size()),
         "mesh": dp,
         "shard_mesh": shard if shard.size() > 1 else None,
