@@ -61,7 +61,7 @@ def build_critic(
     if lora:
         from rlcore.models.lora import apply_lora
 
-        lm = apply_lora(lm, **lora)
+        lm = apply_lora(lm, seed=seed, **lora)
     critic = ValueModel(lm.model, lm.config.hidden_size).to(dtype)
     return critic.train()
 

@@ -209,8 +209,13 @@ def _grad_norm(model: nn.Module, grad_clip: float) -> Tensor:
 
     Under tensor parallelism the gradients live on different meshes (the split layers' 2-D DTensors,
     the replicated embeddings' 1-D ones or plain tensors), which torch's clipping cannot stack: each
-    mesh's norm is taken on its own, then combined."""
+    mesh's norm is taken on its own, then combined. A gradient still Partial over its mesh (a replicated
+    parameter fed by split activations: a LoRA A beside a column-wise layer, a per-head norm) is summed
+    to its parameter's placement first, once, before the norm and the optimizer read it."""
     params = [p for p in model.parameters() if p.grad is not None]
+    for p in params:
+        if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
+            p.grad = p.grad.redistribute(placements=p.placements)
     by_mesh: dict[Any, list[Tensor]] = {}
     for p in params:
         by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p.grad)

@@ -85,8 +85,6 @@ def test_every_preset_is_valid(name):
          "--trainer.sp 2 with --pipeline.placement split: not built (its flattened mesh axes"),
         (with_(BASE, trainer=TrainerConfig(tp=2), pipeline=PipelineConfig(placement="split"), data=DataConfig(batch_size=3)), 5,
          "--data.batch-size 3 is not divisible by the trainer ranks' data-parallel size 2: use a multiple of 2"),
-        (with_(BASE, trainer=TrainerConfig(tp=2), model=ModelConfig(lora_rank=8)), 2,
-         "--trainer.tp 2 with LoRA (--model.lora-rank / --critic.lora-rank): the adapters are not split; use tp 1"),
         (with_(BASE, data=DataConfig(batch_size=6), trainer=TrainerConfig(tp=2)), 8,
          "--data.batch-size 6 is not divisible by the data-parallel size (world size / tp / sp) 4: use a multiple of 4"),
     ],

@@ -17,6 +17,15 @@ to the embeddings stays whole (full logits on every rank). Attention reshapes wi
 weight as a replicated DTensor over the head-sharded input, so its gradient sums every rank's heads.
 Backward all-reduces the input gradients of the column-wise layers (DTensor does it), so the replicated
 parameters get the full gradient on every tp rank. Plans are a plain table by `config.model_type`.
+
+LoRA layers (`rlcore.models.lora`) split with their base layer, by `ADAPTER_PLANS`. The base layer splits
+as the plan says. On a column-wise layer, A (r x in) is replicated and B (out x r) is split column-wise
+like the base: each rank computes x A^T whole (r columns: cheap) and its own output columns of B, with
+no extra collective forward. On a row-wise layer, A is split by its input like the base and B is
+replicated: the partial x A^T (r wide, not out wide) is summed over the tp ranks, and B then adds the
+replicated output. The other pairing would sum or gather out-wide activations, r/out of the cost here.
+The replicated halves get Partial gradients that DTensor sums when they are read (the optimizer, the
+norm, FSDP2's reduction).
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate
+from torch.distributed.tensor import DTensor, Replicate, distribute_module
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -102,14 +111,65 @@ def apply_tp(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
     if mesh.size() == 1:
         return model
     plan = TP_PLANS[model.config.model_type]
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
     for layer in _layers(model):
-        parallelize_module(layer, mesh, {name: style() for name, style in plan.items()})
+        parallelize_module(layer, mesh, _layer_plan(layer, plan))
     head = getattr(model, "lm_head", None)
     embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     if isinstance(head, nn.Linear) and (embed is None or head.weight is not embed.weight):
         parallelize_module(model, mesh, {"lm_head": ColwiseParallel()})  # logits: this rank's vocabulary
         setattr(model, _VOCAB_ATTR, mesh.get_group())
+    for name, p in model.named_parameters():  # some styles re-wrap a frozen parameter (a LoRA base) as trainable
+        p.requires_grad_(name not in frozen)
     return model
+
+
+class _Replicated(ParallelStyle):
+    """Every parameter of the module a replicated DTensor; a plain input taken as replicated; the output
+    a DTensor, or its local tensor with `use_local_output`."""
+
+    def __init__(self, *, use_local_output: bool) -> None:
+        self.use_local_output = use_local_output
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def replicated(_: nn.Module, inputs: tuple[Any, ...], mesh: DeviceMesh) -> tuple[Any, ...]:
+            return tuple(
+                DTensor.from_local(x, mesh, (Replicate(),), run_check=False)
+                if isinstance(x, Tensor) and not isinstance(x, DTensor)
+                else x
+                for x in inputs
+            )
+
+        def local(_: nn.Module, output: Tensor, __: DeviceMesh) -> Tensor:
+            return output.to_local() if self.use_local_output and isinstance(output, DTensor) else output
+
+        return distribute_module(module, device_mesh, input_fn=replicated, output_fn=local)
+
+
+ADAPTER_PLANS: dict[type[ParallelStyle], tuple[Callable[[], ParallelStyle], Callable[[], ParallelStyle]]] = {
+    ColwiseParallel: (functools.partial(_Replicated, use_local_output=False), ColwiseParallel),
+    RowwiseParallel: (functools.partial(RowwiseParallel, use_local_output=False),
+                      functools.partial(_Replicated, use_local_output=True)),
+}  # fmt: skip
+"""How a LoRA layer's (A, B) split, by its base layer's style (see the module docstring)."""
+
+
+def _layer_plan(layer: nn.Module, plan: dict[str, Callable[[], ParallelStyle]]) -> dict[str, ParallelStyle]:
+    """`plan` for one decoder layer, a LoRA layer's entry replaced by its base layer's and adapters'."""
+    out: dict[str, ParallelStyle] = {}
+    for name, make in plan.items():
+        style, module = make(), layer.get_submodule(name)
+        adapters = getattr(module, "lora_A", None)
+        if adapters is None or not hasattr(module, "base_layer"):
+            out[name] = style
+            continue
+        if type(style) not in ADAPTER_PLANS:
+            raise ValueError(f"{name}: no LoRA split for a {type(style).__name__} layer")
+        split_a, split_b = ADAPTER_PLANS[type(style)]
+        out[f"{name}.base_layer"] = style
+        for adapter in adapters:
+            out[f"{name}.lora_A.{adapter}"], out[f"{name}.lora_B.{adapter}"] = split_a(), split_b()
+    return out
 
 
 def _layers(model: nn.Module) -> list[nn.Module]:

@@ -28,11 +28,19 @@ ADAPTER = "default"
 
 
 def apply_lora(
-    model: nn.Module, *, rank: int, alpha: float, dropout: float, targets: Sequence[str]
+    model: nn.Module,
+    *,
+    rank: int,
+    alpha: float,
+    dropout: float,
+    targets: Sequence[str],
+    seed: int | None = None,
 ) -> nn.Module:
     """`model` with LoRA adapters on `targets` (module name suffixes; empty: every linear layer of the
     attention and MLP blocks, peft's "all-linear", which leaves the output head alone). ValueError
-    naming a target the model does not have."""
+    naming a target the model does not have. `seed`: A's initial draw from its own generator state
+    (the global one left as it was), so the adapters start alike whatever ran before (under tensor
+    parallelism an engine copy is built first; None: from the global state, as peft does)."""
     from peft import LoraConfig, get_peft_model
 
     if rank <= 0:
@@ -48,7 +56,11 @@ def apply_lora(
         target_modules=list(targets) or "all-linear",
         bias="none",
     )
-    model = get_peft_model(model, config).get_base_model()
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], enabled=seed is not None):
+        if seed is not None:
+            torch.manual_seed(seed)
+        model = get_peft_model(model, config).get_base_model()
     for module in model.modules():
         if type(module) is _peft_linear():
             module.__class__ = _in_place_linear()
@@ -89,15 +101,22 @@ def _in_place_linear() -> type[nn.Module]:
 
 
 def _plain(layer: nn.Module, adapters: list[str], x: Tensor) -> bool:
-    """Vanilla adapters (no variant, no bias) in x's dtype on a base output in x's dtype."""
+    """Vanilla adapters (no variant, no bias) in x's dtype on a base output in x's dtype, all plain
+    tensors (split by tensor parallelism, the adapters are DTensors whose layers run through their
+    module calls: peft's forward)."""
+    from torch.distributed.tensor import DTensor
+
+    base = layer.get_base_layer().weight
     return (
-        all(
+        not isinstance(x, DTensor)
+        and not isinstance(base, DTensor)
+        and all(
             name not in layer.lora_variant
             and not layer.lora_bias.get(name, False)
             and layer.lora_A[name].weight.dtype == x.dtype == layer.lora_B[name].weight.dtype
             for name in adapters
         )
-        and layer.get_base_layer().weight.dtype == x.dtype
+        and base.dtype == x.dtype
     )
 
 

@@ -67,8 +67,9 @@ def _with_lora(model: Any, cfg: Config) -> Any:
     m = cfg.model
     try:
         return apply_lora(
-            model, rank=m.lora_rank, alpha=m.lora_alpha, dropout=m.lora_dropout, targets=m.lora_targets
-        )
+            model, rank=m.lora_rank, alpha=m.lora_alpha, dropout=m.lora_dropout, targets=m.lora_targets,
+            seed=cfg.trainer.seed,
+        )  # fmt: skip
     except ValueError as e:
         raise ConfigError(f"--model.lora-targets {' '.join(m.lora_targets) or '(all linear)'}: {e}") from None
 

@@ -72,7 +72,7 @@ def _check_batch(cfg: Config, world_size: int) -> None:
 
 
 def _check_mesh(cfg: Config, world_size: int) -> None:
-    """--trainer.tp / --trainer.sp: factors of the world (split: of the trainer ranks), without LoRA."""
+    """--trainer.tp / --trainer.sp: factors of the world (split: of the trainer ranks)."""
     from rlcore.dist.mesh import mesh_problem
 
     t = cfg.trainer
@@ -96,10 +96,6 @@ def _check_mesh(cfg: Config, world_size: int) -> None:
     else:
         problem = mesh_problem(world_size, tp=t.tp, sp=t.sp)
         need(problem is None, f"{flags}: {problem}")
-    need(
-        t.tp == 1 or (cfg.model.lora_rank == 0 and cfg.critic.lora_rank == 0),
-        f"{flags} with LoRA (--model.lora-rank / --critic.lora-rank): the adapters are not split; use tp 1",
-    )
 
 
 def _check_pipeline(cfg: Config, world_size: int) -> None:

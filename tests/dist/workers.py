@@ -240,9 +240,10 @@ def weights_worker(rank: int, directory: Path) -> None:
     torch.save(dict(engine.model.state_dict()), directory / "engine.pt")
 
 
-def tp_logprobs_and_grads(rank: int, directory: Path, kind: str, fsdp: bool) -> None:
-    """Log-probs and gradients of a tp-2 model (composed with FSDP2 on a dp_shard of 1 when `fsdp`) vs the
-    same model in this process unsplit; rank 0 saves the largest differences."""
+def tp_logprobs_and_grads(rank: int, directory: Path, kind: str, fsdp: bool, lora: bool = False) -> None:
+    """Log-probs and gradients of a tp-2 model (composed with FSDP2 on a dp_shard of 1 when `fsdp`; with
+    LoRA adapters on every linear layer when `lora`, B nonzero) vs the same model in this process
+    unsplit; rank 0 saves the largest differences."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
@@ -251,6 +252,8 @@ def tp_logprobs_and_grads(rank: int, directory: Path, kind: str, fsdp: bool) -> 
 
     tied = kind.endswith("-tied")
     reference, model = tp_model_pair(kind.removesuffix("-tied"), tied=tied)
+    if lora:
+        reference, model = (_lora_pair_member(m) for m in (reference, model))
     mesh = init_device_mesh("cpu", (1, WORLD), mesh_dim_names=("dp_shard", "tp"))
     apply_tp(model, mesh["tp"])
     if fsdp:
@@ -276,19 +279,42 @@ def tp_logprobs_and_grads(rank: int, directory: Path, kind: str, fsdp: bool) -> 
         "entropy": (out["tp"][1] - out["ref"][1]).abs().max().item(),
         "vocab_parallel": vocab_group(model) is not None,
     }
-    worst = 0.0
+    worst, trained = 0.0, 0
     for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        if q.grad is None:  # a frozen base weight under LoRA
+            assert p.grad is None
+            continue
         grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
-        worst = max(worst, (grad - q.grad).abs().max().item())
-    diffs["grads"] = worst
+        worst, trained = max(worst, (grad - q.grad).abs().max().item()), trained + 1
+    diffs["grads"], diffs["trained"] = worst, trained
     full = gathered_state(model)  # what the engine sync and the HF export gather (rank 0; every rank runs it)
     diffs["sharded"] = sum(
         isinstance(p, DTensor) and p.to_local().numel() < p.numel() for p in model.parameters()
     )
+    if lora:
+        from rlcore.models.lora import merged_state
+
+        merged = {n: t.full_tensor() if isinstance(t, DTensor) else t for n, t in merged_state(model)}
+        expected = dict(merged_state(reference))
+        diffs["merged"] = max((v - expected[k]).abs().max().item() for k, v in merged.items())
     if rank == 0:
         expected = reference.state_dict()  # a tied lm_head is gathered once, as the embeddings
         diffs["state"] = max((v - expected[k]).abs().max().item() for k, v in full.items())
-        torch.save(diffs, directory / f"tp-{kind}-{fsdp}.pt")
+        torch.save(diffs, directory / f"tp-{kind}-{fsdp}-{lora}.pt")
+
+
+def _lora_pair_member(model: Any) -> Any:
+    """`model` with rank-4 adapters on every linear layer, B drawn from a fixed seed (peft starts it at
+    0, which would leave A's gradient 0)."""
+    from rlcore.models.lora import apply_lora
+
+    torch.manual_seed(1)
+    model = apply_lora(model, rank=4, alpha=8, dropout=0.0, targets=())
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".lora_B." in name:
+                p.normal_(0, 0.1)
+    return model
 
 
 def tp_model_pair(kind: str, kv_heads: int = 2, *, tied: bool = False) -> tuple[Any, Any]:
