@@ -34,6 +34,24 @@ def test_every_preset_is_valid(name):
     assert PRESETS[name][1].preset == name
 
 
+STREAM_PARTIAL = PipelineConfig(placement="split", mode="stream", partial_rollout=True)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        with_(BASE, rollout=RolloutConfig(engine="vllm"), pipeline=STREAM_PARTIAL),
+        with_(BASE, rollout=RolloutConfig(max_turns=3), pipeline=STREAM_PARTIAL),  # the built-in tools
+        with_(PRESETS["dapo"][1], pipeline=STREAM_PARTIAL),  # dynamic sampling
+        with_(PRESETS["remax"][1], pipeline=STREAM_PARTIAL),
+        with_(BASE, trainer=TrainerConfig(tp=2), model=ModelConfig(lora_rank=8)),
+    ],
+)
+def test_former_refusals_are_valid(cfg):
+    """Partial rollouts with vLLM, multi-turn, dynamic sampling and ReMax; tp with LoRA (issue 35)."""
+    validate(cfg, world_size=3 if cfg.pipeline.placement == "split" and cfg.trainer.tp == 2 else 2)
+
+
 @pytest.mark.parametrize(
     ("cfg", "world_size", "message"),
     [
@@ -71,11 +89,6 @@ def test_every_preset_is_valid(name):
         (with_(BASE, pipeline=PipelineConfig(mode="stream")), 2, "--pipeline.mode stream: needs --pipeline.placement split"),
         (with_(BASE, pipeline=PipelineConfig(placement="split", partial_rollout=True)), 2,
          "--pipeline.partial-rollout: needs --pipeline.mode stream"),
-        (with_(BASE, rollout=RolloutConfig(engine="vllm"), pipeline=PipelineConfig(placement="split", mode="stream", partial_rollout=True)), 2,
-         "--pipeline.partial-rollout: needs --rollout.engine native and --rollout.max-turns 1 without "
-         "--rollout.env / --rollout.tools (got vllm, 1)"),
-        (with_(PRESETS["dapo"][1], pipeline=PipelineConfig(placement="split", mode="stream", partial_rollout=True)), 2,
-         "drop --algo.dynamic-sampling"),
         (with_(BASE, trainer=TrainerConfig(tp=4)), 6, "--trainer.tp 4: dp_shard(1) * tp(4) != world size (6): "),
         (with_(BASE, trainer=TrainerConfig(tp=2, sp=2)), 6, "--trainer.tp 2 --trainer.sp 2: dp_shard(1) * sp(2) * tp(2) != world size (6)"),
         (with_(BASE, trainer=TrainerConfig(sp=0)), 2, "--trainer.sp 0: must be >= 1 (1: off)"),

@@ -113,3 +113,12 @@ def test_cpu_builds_with_torch_under_a_path_with_a_space_are_refused_with_one_li
     with pytest.raises(ConfigError, match=r"^--rollout.compile: torch is installed under '/tmp/my runs/"):
         check_engine(compiled, on_cpu)
     check_engine(cfg, on_cpu)  # the eager native engine builds nothing
+
+
+def test_version_tags_by_hand():
+    """Partial rollouts: version 0 from the start, 1 from each row's token 2 / 3, 2 from token 4."""
+    from rlcore.trainer.partial import version_tags
+
+    changes = [(torch.tensor([2, 3]), 1), (torch.tensor([4, 4]), 2)]
+    assert version_tags((2, 5), 0, changes).tolist() == [[0, 0, 1, 1, 2], [0, 0, 0, 1, 2]]
+    assert version_tags((1, 3), 7, []).tolist() == [[7, 7, 7]]

@@ -58,7 +58,7 @@ import torch
 
 from rlcore.batch import Batch
 from rlcore.data.prompts import left_pad, pad_token_id, render_prompt
-from rlcore.rollout.base import RolloutEngine, SamplingParams
+from rlcore.rollout.base import RolloutEngine, SamplingParams, Wrapping
 from rlcore.rollout.calls import Outcome, run_concurrently
 from rlcore.rollout.chat import (
     TOOL_CALL_FORMATS,
@@ -95,6 +95,8 @@ class _Trajectory:
     tokens: list[int] = dataclasses.field(default_factory=list)
     mask: list[float] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
+    """The policy version of each token, when the engine tags them (partial rollouts)."""
     finish: str | None = None
     turns: int = 0
     tool_calls: int = 0
@@ -107,12 +109,18 @@ class _Trajectory:
     env_fault: str | None = None
     """Set when the environment failed ("error" or "timeout"); the episode ended there."""
 
-    def append(self, tokens: list[int], logprobs: list[float], *, generated: bool) -> None:
+    def append(
+        self, tokens: list[int], logprobs: list[float], *, generated: bool, versions: list[int] | None = None
+    ) -> None:
+        """Add a model turn's tokens (`generated`, with their log-probs and versions when tagged) or an
+        observation's (log-prob 0, the version of the turn before it)."""
         self.context += tokens
         self.tokens += tokens
         self.mask += [1.0 if generated else 0.0] * len(tokens)
         self.logprobs += logprobs if generated else [0.0] * len(tokens)
         self.observation_tokens += 0 if generated else len(tokens)
+        if versions is not None or (self.versions and not generated):
+            self.versions += versions if versions is not None else [self.versions[-1]] * len(tokens)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -371,8 +379,9 @@ def _take_turn(traj: _Trajectory, out: Batch, j: int, setup: _Setup) -> list[int
     n = int(out["response_attention"][j].sum())
     tokens, logprobs = out["responses"][j, :n].tolist(), out["rollout_logprobs"][j, :n].tolist()
     room = setup.budget - len(traj.tokens)
+    versions = out["rollout_versions"][j, :n].tolist()[:room] if "rollout_versions" in out else None
     traj.turns += 1
-    traj.append(tokens[:room], logprobs[:room], generated=True)
+    traj.append(tokens[:room], logprobs[:room], generated=True, versions=versions)
     if traj.messages is not None:
         text = setup.tokenizer.decode(tokens[:room], skip_special_tokens=True)
         traj.messages.append({"role": "assistant", "content": text})
@@ -489,6 +498,11 @@ def _assemble(
         for name in ("turns", "tool_calls", "tool_errors", "observation_tokens")
     }
     fields: dict[str, Any] = {}
+    if any(x.versions for x in trajectories):  # the engine tagged each token's version (partial rollouts)
+        versions = torch.zeros((b, t), dtype=torch.long)
+        for i, x in enumerate(trajectories):
+            versions[i, : len(x.versions)] = torch.tensor(x.versions, dtype=torch.long)
+        fields["rollout_versions"] = versions.to(device)
     if setup.env is not None:  # the prompts are what the policy saw: the first observation included
         input_ids, attention_mask, position_ids = left_pad(prompt_ids, pad)
         fields |= {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device),
@@ -518,7 +532,7 @@ def _assemble(
 
 
 @dataclasses.dataclass
-class AgentEngine:
+class AgentEngine(Wrapping):
     """A `RolloutEngine` whose `generate` is the agent loop over `inner` (the trainer's multi-turn mode).
 
     Everything that takes an engine (the step's rollout, validation, ReMax's greedy baseline) then
@@ -538,23 +552,3 @@ class AgentEngine:
         return run_agent(self.inner, prompts, sampling, self.tokenizer, tools=self.tools, max_turns=self.max_turns,
                          chat_tools=self.chat_tools, call_format=self.call_format, env=self.env,
                          timeout_s=self.timeout_s)  # fmt: skip
-
-    @property
-    def module(self) -> Any:
-        return self.inner.module
-
-    @property
-    def adapters(self) -> Any:
-        return self.inner.adapters
-
-    def load_weights(self, named_tensors: Any) -> None:
-        self.inner.load_weights(named_tensors)
-
-    def sleep(self) -> None:
-        self.inner.sleep()
-
-    def wake(self) -> None:
-        self.inner.wake()
-
-    def close(self) -> None:
-        self.inner.close()

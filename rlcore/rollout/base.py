@@ -105,3 +105,30 @@ class RolloutEngine(Protocol):
     def close(self) -> None:
         """Release what the engine holds outside this object (processes, process groups, directories)."""
         ...
+
+
+class Wrapping:
+    """A mixin for an engine around `inner` that changes `generate` only: the weights, adapters, sleep,
+    wake and close are `inner`'s (the agent loop, partial rollouts' version tags)."""
+
+    inner: RolloutEngine
+
+    @property
+    def module(self) -> nn.Module | None:
+        return self.inner.module
+
+    @property
+    def adapters(self) -> AdapterEngine | None:
+        return self.inner.adapters
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
+        self.inner.load_weights(named_tensors)
+
+    def sleep(self) -> None:
+        self.inner.sleep()
+
+    def wake(self) -> None:
+        self.inner.wake()
+
+    def close(self) -> None:
+        self.inner.close()

@@ -4,13 +4,13 @@
     state = decoder.start(cache, prompt_mask, positions, repeats, max_tokens)   # after an HF prefill
     logits = state.step(tokens)           # (a,) -> (a, v); the KV cache grows by one position
     state.select(keep)                    # drop finished rows
-    state.reload()                        # after the weights changed between steps
 
 Why: a Hugging Face decode step is ~30 module calls per layer plus mask and cache bookkeeping rebuilt
 every step; with few live rows (the long tail of a rollout) that overhead is all the step costs. This
 step is the same arithmetic with nothing around it:
 - the weights are the module's own tensors, read when `start` is called, so an optimizer step or a
-  load between calls is seen; a load between steps is seen after `reload` (the engine calls it);
+  load between calls is seen (a load between steps restarts the decoding: the engine prefills the
+  prompts and the tokens so far again, with the new weights);
 - the KV cache is one preallocated tensor `(layers, 2, rows, kv_heads, capacity, head_dim)`; a step
   attends over the cached positions plus the new token's own key (a softmax over both), then writes
   every layer's new key and value in one copy;
@@ -495,10 +495,6 @@ class LeanState:
         self.kv[:, :, :, :, n] = new
         self.length, self.positions = n + 1, self.positions + 1
         return logits
-
-    def reload(self) -> None:
-        """Read the module's weights again (after a load between steps; packed copies do not see it)."""
-        self.weights = self.decoder.weights()
 
     def select(self, keep: Tensor) -> None:
         """Keep rows `keep` (a') of the batch. Ascending rows (the engine's) move down in place, the filled

@@ -48,6 +48,7 @@ been run on a GPU. On CPU the static cache gives the same outputs (tested).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Iterable, Iterator
@@ -208,8 +209,8 @@ class NativeEngine:
             else model
         )
         self._asleep = self._offloaded = False
-        self._on_step: Callable[[int], None] | None = None
-        self._loads = 0  # `load_weights` calls so far: a decode state reloads after one between steps
+        self._on_step: Callable[[Tensor], None] | None = None
+        self._loads = 0  # `load_weights` calls so far: a load between decode steps restarts the decoding
 
     @property
     def module(self) -> torch.nn.Module:
@@ -222,11 +223,13 @@ class NativeEngine:
         return None
 
     @contextlib.contextmanager
-    def each_step(self, hook: Callable[[int], None]) -> Iterator[None]:
-        """Within the block, `generate` calls `hook(j)` between decode steps, once tokens 0..j-1 of every
-        live row are sampled and before the forward that gives token j: a hook that loads new weights
-        (`load_weights`) makes tokens j.. come from them (partial rollouts; the KV cache of the earlier
-        tokens is kept as it was computed)."""
+    def each_step(self, hook: Callable[[Tensor], None]) -> Iterator[None]:
+        """Within the block, `generate` calls `hook(sampled)` between decode steps, `sampled` (b*n,) long
+        the tokens each output row has so far (j for every row once tokens 0..j-1 of every live row are
+        sampled, before the forward that gives token j): a hook that loads new weights (`load_weights`)
+        makes tokens j.. come from them (partial rollouts): the prompts and the tokens so far are then
+        prefilled again with the new weights, so every later token, and its log-prob, is the new
+        policy's exactly (the old KV would give neither version's)."""
         self._on_step = hook
         try:
             yield
@@ -380,13 +383,38 @@ class NativeEngine:
                 state.select(keep)
                 tok, where = tok[keep], where[keep]
                 live = torch.ones(n_live, dtype=torch.bool, device=self.device)
-            if self._on_step is not None:
-                loads = self._loads
-                self._on_step(step + 1)
-                if self._loads != loads:
-                    state.reload()
-            logits = state.step(tok)
+            if self._pushed_at(step + 1, b):  # new weights: prompt + tokens so far recomputed with them
+                state, logits = self._restart(prompts, sp, tokens[where, : step + 1], where)
+            else:
+                logits = state.step(tok)
         return tokens.cpu(), logprobs.cpu(), lengths, reasons
+
+    def _pushed_at(self, sampled: int, rows: int) -> bool:
+        """Call the `each_step` hook, `sampled` tokens into every row; whether it loaded weights."""
+        if self._on_step is None:
+            return False
+        loads = self._loads
+        self._on_step(torch.full((rows,), sampled, dtype=torch.long))
+        return self._loads != loads
+
+    def _restart(
+        self, prompts: Batch, sp: SamplingParams, sampled: Tensor, where: Tensor
+    ) -> tuple[Any, Tensor]:
+        """A decoding state, and the next logits, for the batch rows `where` (output rows, (a,)) whose
+        tokens so far are `sampled` (a, k): their prompts followed by those tokens prefilled anew (with
+        the weights the module holds now), room left for the remaining tokens."""
+        rows = (where // sp.n).to(prompts["input_ids"].device)
+        ids = prompts["input_ids"][rows].to(self.device)
+        mask = prompts["attention_mask"][rows].to(self.device)
+        pos = _positions(prompts, self.device)[rows.to(self.device)]  # (a, p)
+        k = sampled.shape[1]
+        after = pos[:, -1:] + torch.arange(1, k + 1, device=self.device)  # (a, k)
+        context = Batch.from_dict({
+            "input_ids": torch.cat([ids, sampled], dim=1),
+            "attention_mask": torch.cat([mask, torch.ones_like(sampled, dtype=mask.dtype)], dim=1),
+            "position_ids": torch.cat([pos, after], dim=1),
+        })  # fmt: skip
+        return self._start(context, dataclasses.replace(sp, n=1, max_tokens=sp.max_tokens - k))
 
 
 class _HFState:
@@ -407,9 +435,6 @@ class _HFState:
         )
         self.pos = self.pos + 1
         return logits
-
-    def reload(self) -> None:
-        """Nothing to do: each step runs the module as it is."""
 
     def select(self, keep: Tensor) -> None:
         """Keep rows `keep` of the batch."""

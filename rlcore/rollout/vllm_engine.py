@@ -59,13 +59,14 @@ API. On GPU `processed_logprobs` makes vLLM use its PyTorch sampler instead of F
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import json
 import os
 import random
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +207,22 @@ def _storage(weight: Tensor) -> tuple[int, tuple[int, ...], torch.dtype]:
     return weight.untyped_storage().data_ptr(), tuple(weight.shape), weight.dtype
 
 
+@dataclasses.dataclass
+class _Sample:
+    """One sample of a stepwise generate, grown by vLLM's delta outputs (the fields of a final
+    `CompletionOutput` that `_response_fields` reads)."""
+
+    token_ids: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[Any] = dataclasses.field(default_factory=list)
+    finish_reason: str | None = None
+
+    def extend(self, part: Any) -> None:
+        """Append one step's `CompletionOutput` (delta): its tokens, their log-probs, its finish."""
+        self.token_ids.extend(part.token_ids)
+        self.logprobs.extend(part.logprobs or ())
+        self.finish_reason = part.finish_reason or self.finish_reason
+
+
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The `max_lora_rank` values vLLM accepts."""
 
@@ -281,6 +298,9 @@ class VLLMEngine:
         self._asleep = False
         self._adapter: Any = None  # the vllm LoRARequest every generate applies (None: the base model)
         self._adapters = 0
+        self._on_step: Callable[[Tensor], None] | None = None  # `each_step`'s hook
+        self._stepping = False  # requests are in flight between engine steps (`_generate_stepwise`)
+        self._requests = 0  # request ids handed out by `_generate_stepwise`
 
     @property
     def module(self) -> None:
@@ -307,7 +327,7 @@ class VLLMEngine:
         previous = self._adapter
         self._adapters += 1
         self._adapter = LoRARequest(f"rlcore-{self._adapters}", self._adapters, str(directory))
-        self.llm.reset_prefix_cache()  # its KV entries were computed with the old adapter
+        self._drop_stale_kv()
         if previous is not None:
             shutil.rmtree(previous.lora_path, ignore_errors=True)
 
@@ -328,9 +348,53 @@ class VLLMEngine:
             for i in range(len(token_prompts))
         ]
         with _preserve_process_state():
-            outputs = self.llm.generate(token_prompts, params, use_tqdm=False, lora_request=self._adapter)
-        samples = [sample for output in outputs for sample in output.outputs]  # prompt-major, n each
+            if self._on_step is None:
+                outputs = self.llm.generate(token_prompts, params, use_tqdm=False, lora_request=self._adapter)
+                samples = [sample for output in outputs for sample in output.outputs]  # prompt-major, n each
+            else:
+                samples = self._generate_stepwise(token_prompts, params, sampling.n, self._on_step)
         return prompts.repeat_interleave(sampling.n).with_(**self._response_fields(samples, greedy))
+
+    @contextlib.contextmanager
+    def each_step(self, hook: Callable[[Tensor], None]) -> Iterator[None]:
+        """Within the block, `generate` drives vLLM one engine step at a time and calls `hook(sampled)`
+        between steps, `sampled` (b*n,) long the tokens each output row has so far. A hook that pushes
+        weights (`load_weights`, `use_adapter`) makes every unfinished request continue with them: vLLM
+        preempts the running requests and, when it schedules them again, recomputes the KV of their
+        prompt and tokens so far with the new weights (its recompute preemption, the prefix cache
+        dropped first), so each later token is sampled from the new policy exactly, its log-prob
+        included; the request keeps its seeded stream and its stop strings."""
+        self._on_step = hook
+        try:
+            yield
+        finally:
+            self._on_step = None
+
+    def _generate_stepwise(
+        self, token_prompts: list[dict[str, Any]], params: list[Any], n: int, hook: Callable[[Tensor], None]
+    ) -> list[_Sample]:
+        """`llm.generate`, one `LLMEngine.step` at a time with `hook` between them (see `each_step`)."""
+        from vllm.sampling_params import RequestOutputKind
+
+        engine = self.llm.llm_engine
+        samples = [_Sample() for _ in range(len(token_prompts) * n)]  # prompt-major, n each
+        rows: dict[str, int] = {}
+        for i, (prompt, p) in enumerate(zip(token_prompts, params, strict=True)):
+            p.output_kind = RequestOutputKind.DELTA  # each step's new tokens only
+            self._requests += 1
+            rows[f"rlcore-{self._requests}"] = i * n
+            engine.add_request(f"rlcore-{self._requests}", prompt, p, lora_request=self._adapter)
+        self._stepping = True
+        try:
+            while engine.has_unfinished_requests():
+                for output in engine.step():
+                    for part in output.outputs:
+                        samples[rows[output.request_id] + part.index].extend(part)
+                if engine.has_unfinished_requests():
+                    hook(torch.tensor([len(s.token_ids) for s in samples], dtype=torch.long))
+        finally:
+            self._stepping = False
+        return samples
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
         """Copy full weights, named as in the Hugging Face model, into vLLM's model in place.
@@ -350,7 +414,7 @@ class VLLMEngine:
         else:  # older GPU vLLM: the model's own loader
             model.load_weights(weights=weights)
         _repack_stale_cpu_weights(model, packed)
-        self.llm.reset_prefix_cache()  # its KV entries were computed with the old weights
+        self._drop_stale_kv()
 
     def sleep(self) -> None:
         """Free the KV cache (and offload or drop the weights, per `sleep_level`) where vLLM can."""
@@ -385,6 +449,11 @@ class VLLMEngine:
             self._cache_root = None
 
     # -- helpers --------------------------------------------------------------------------------
+
+    def _drop_stale_kv(self) -> None:
+        """Forget the KV computed with the weights or adapter before a push: the prefix cache and, during
+        a stepwise generate, the running requests' own (preempted, recomputed when scheduled again)."""
+        self.llm.reset_prefix_cache(reset_running_requests=self._stepping)
 
     def _require_awake(self, what: str) -> None:
         if self._asleep:

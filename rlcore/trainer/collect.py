@@ -79,13 +79,14 @@ def generate(
     extra: dict[str, float] | None = None,
 ) -> TrainState:
     """The state with the batch of `step` appended to `pending` (generated with the engine's weights,
-    version state.policy_version, tagged per token in `rollout_versions`) and the cursor after its
-    prompts; `extra` metrics are logged with it."""
+    version state.policy_version unless the engine tagged each token's, `rollout_versions`) and the
+    cursor after its prompts; `extra` metrics are logged with it."""
     batch, metrics, cursor = collect(state, h, algorithm, plan, step)
     batch = from_first_peer(batch, h)
     h.hooks.slow_rollout()  # test-only (RLCORE_TEST_SLOW_ROLLOUT_S)
-    versions = torch.full(batch["responses"].shape, state.policy_version, dtype=torch.long)  # (b, t)
-    batch = batch.with_(rollout_versions=versions)
+    if "rollout_versions" not in batch:  # else tagged token by token (partial rollouts)
+        versions = torch.full(batch["responses"].shape, state.policy_version, dtype=torch.long)  # (b, t)
+        batch = batch.with_(rollout_versions=versions)
     floats = {k: float(v) for k, v in metrics.items()} | dict(extra or {})
     rollout = Rollout(step=step, batch=batch, metrics=floats, version=state.policy_version)
     return dataclasses.replace(state, cursor=cursor, pending=(*state.pending, rollout))

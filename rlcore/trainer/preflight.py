@@ -128,24 +128,10 @@ def _check_pipeline(cfg: Config, world_size: int) -> None:
 
 
 def _check_partial(cfg: Config) -> None:
-    """--pipeline.partial-rollout: stream mode, the native engine, one generate call per batch."""
-    if not cfg.pipeline.partial_rollout:
-        return
-    r, a = cfg.rollout, cfg.algo
+    """--pipeline.partial-rollout: stream mode (any engine, single- or multi-turn)."""
     need(
-        cfg.pipeline.mode == "stream",
+        not cfg.pipeline.partial_rollout or cfg.pipeline.mode == "stream",
         "--pipeline.partial-rollout: needs --pipeline.mode stream (lag mode samples each batch with one version)",
-    )
-    need(
-        r.engine == "native" and not r.multi_turn,
-        f"--pipeline.partial-rollout: needs --rollout.engine native and --rollout.max-turns 1 without "
-        f"--rollout.env / --rollout.tools (got {r.engine}, {r.max_turns}{', env' if r.env else ''}"
-        f"{', tools' if r.tools else ''}): weights change between the native engine's decode steps",
-    )
-    need(
-        not (a.dynamic_sampling or a.adv_estimator == "remax"),
-        "--pipeline.partial-rollout: one generate call per batch is needed to tag its tokens; drop "
-        "--algo.dynamic-sampling (more sampling rounds) or the remax estimator (a greedy pass)",
     )
 
 

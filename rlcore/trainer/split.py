@@ -52,6 +52,7 @@ from rlcore.state import Rollout, TrainState
 from rlcore.steps import concat_rollouts
 from rlcore.trainer import checkpoints
 from rlcore.trainer.collect import due, generate
+from rlcore.trainer.partial import tagged
 from rlcore.trainer.weights import push_state
 
 if TYPE_CHECKING:
@@ -276,31 +277,24 @@ def _generate_partial(
     extra: dict[str, float],
     inbox: Inbox,
 ) -> tuple[TrainState, list[int]]:
-    """`generate` with every push that arrives between decode steps loaded at once (partial rollouts):
-    the batch's `rollout_versions` change at the token where each push came in. Returns the state (at
-    the last push's step and version) and the steps of the pushes taken, whose validation and
-    checkpoint wait for the batch (the trainer waits for them before its next push)."""
-    changes: list[tuple[int, int]] = []  # (first token sampled with it, version)
+    """`generate` with every push that arrives between decode steps loaded at once (partial rollouts,
+    `rlcore.trainer.partial.VersionTagged`): each token's `rollout_versions` is the version that
+    sampled it. Returns the state (at the last push's step and version) and the steps of the pushes
+    taken, whose validation and checkpoint wait for the batch (the trainer waits for them before its
+    next push)."""
     now, last = {"state": state}, plan.schedule.steps
 
-    def take(token: int) -> None:
+    def take() -> None:
         h.hooks.slow_decode()  # test-only (RLCORE_TEST_SLOW_DECODE_S)
         while now["state"].step < last and inbox.arrived():
             now["state"], _ = receive_push(now["state"], h, inbox.take())
-            changes.append((token, now["state"].policy_version))
             if now["state"].step < last:
                 inbox.post()
 
-    with h.engine.each_step(take):  # the native engine, single-turn (the pre-flight checks)
-        done = generate(state, h, algorithm, plan, step, extra)
-    rollout, latest = done.pending[-1], now["state"]
-    versions = rollout.batch["rollout_versions"].clone()  # (b, t)
-    for token, version in changes:
-        versions[:, token:] = version
-    batch = rollout.batch.with_(rollout_versions=versions, overwrite=True)
-    pending = tuple(
-        r for r in (*done.pending[:-1], dataclasses.replace(rollout, batch=batch)) if r.step > latest.step
-    )
+    engine = tagged(h.engine, version=lambda: now["state"].policy_version, take=take)
+    done = generate(state, dataclasses.replace(h, engine=engine), algorithm, plan, step, extra)
+    latest = now["state"]
+    pending = tuple(r for r in done.pending if r.step > latest.step)
     took = list(range(state.step + 1, latest.step + 1))
     return dataclasses.replace(
         done, step=latest.step, policy_version=latest.policy_version, pending=pending

@@ -420,3 +420,36 @@ def test_without_a_prompt_the_first_observation_is_the_first_user_turn(tok):
         messages, add_generation_prompt=True, tokenize=False
     )
     assert out["env_rewards"].tolist() == [1.0] and pieces(tok, out, 0) == [("5<|im_end|>", 1)]
+
+
+def test_partial_rollouts_keep_episodes_and_tag_each_turns_tokens(tok):
+    """Multi-turn partial rollouts (`rlcore.trainer.partial.tagged` over the agent loop): a push taken
+    between every two decode steps (the version goes up by one) leaves the episodes in flight alone (each env
+    reset once, its secret and the turns so far kept: the same episodes as without pushes), and every
+    model token carries the version it was sampled with, rising along the episode across turns."""
+    from rlcore.rollout.agent import AgentEngine
+    from rlcore.trainer.partial import tagged
+
+    model = ScriptedLMCache(chat_script(tok, ["3", "7", "5"]), len(tok))
+    agent = AgentEngine(NativeEngine(model, tok), tok, max_turns=4, env=EnvOptions(cls=Guess))
+    calls = {"version": 0}
+
+    def take():  # a push at every decode step (each turn here is 2 tokens: one step between them)
+        calls["version"] += 1
+
+    Guess.seeds.clear()
+    prompts = rows_for(tok, ("5", "5"))
+    greedy = SamplingParams(n=2, max_tokens=200, temperature=0.0)
+    out = tagged(agent, version=lambda: calls["version"], take=take).generate(prompts, greedy)
+    plain = agent.generate(prompts, greedy)
+    assert len(Guess.seeds) == 2 * 4  # one reset per episode, in each run
+    for key in ("responses", "response_mask", "env_rewards", "num_turns"):
+        assert torch.equal(out[key], plain[key]), key
+    assert out["env_rewards"].tolist() == [0.5] * 4 and out["num_turns"].tolist() == [3] * 4
+    versions, model_tokens = out["rollout_versions"], out["response_mask"] > 0
+    assert "rollout_versions" not in plain and calls["version"] >= 3
+    for row in range(4):
+        tags = versions[row][model_tokens[row]]
+        assert tags[0] == 0 and tags[-1] >= 2 and bool((tags[1:] >= tags[:-1]).all()), tags
+    turns = [versions[0][model_tokens[0]][:2], versions[0][model_tokens[0]][-2:]]
+    assert turns[0].max() < turns[1].min()  # the last turn was sampled with later weights than the first

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import pytest
@@ -153,15 +154,19 @@ def test_engine_samples_the_same_tokens_and_logprobs_as_the_hugging_face_step(ar
     assert lean["finish_reason"] == hf["finish_reason"]
     torch.testing.assert_close(lean["rollout_logprobs"], hf["rollout_logprobs"], rtol=0, atol=1e-5)
     # the rollout/trainer gap: teacher-forced log-probs of the sampled tokens
-    full_ids = torch.cat([lean["input_ids"], lean["responses"]], dim=1)
-    full_mask = torch.cat([lean["attention_mask"], lean["response_attention"].long()], dim=1)
+    gap = (teacher_logprobs(model, lean) - lean["rollout_logprobs"]).abs()[lean["response_mask"].bool()]
+    assert gap.max() <= 1e-5, gap.max()
+
+
+def teacher_logprobs(model: torch.nn.Module, out: Batch) -> torch.Tensor:
+    """The log-probs of `out`'s response tokens under `model`, teacher-forced: (b, t)."""
+    full_ids = torch.cat([out["input_ids"], out["responses"]], dim=1)
+    full_mask = torch.cat([out["attention_mask"], out["response_attention"].long()], dim=1)
     logits = hf_logits(model, full_ids, full_mask, (full_mask.cumsum(-1) - 1).clamp(min=0))
-    p = lean["input_ids"].shape[1]
-    teacher = torch.log_softmax(logits[:, p - 1 : -1].float(), -1).gather(-1, lean["responses"][..., None])[
+    p = out["input_ids"].shape[1]
+    return torch.log_softmax(logits[:, p - 1 : -1].float(), -1).gather(-1, out["responses"][..., None])[
         ..., 0
     ]
-    gap = (teacher - lean["rollout_logprobs"]).abs()[lean["response_mask"].bool()]
-    assert gap.max() <= 1e-5, gap.max()
 
 
 @pytest.mark.parametrize("pack", [True, False], ids=["packed", "plain"])
@@ -191,7 +196,9 @@ def test_bf16_lean_step_follows_the_hugging_face_forward(pack):
 
 def test_weights_are_read_live_after_in_place_updates_and_mid_generate_loads():
     """No copy of the weights: an optimizer-like in-place change between calls, and `load_weights`
-    from the per-step hook (partial rollouts), decode exactly as the Hugging Face step does."""
+    from the per-step hook (partial rollouts), decode exactly as the Hugging Face step does; after the
+    mid-generate load every token's log-prob is the new model's, teacher-forced (the prompts and the
+    first 4 tokens prefilled again), and before it the old one's."""
     other = build("llama")
     with torch.no_grad():
         for p in other.parameters():
@@ -206,12 +213,17 @@ def test_weights_are_read_live_after_in_place_updates_and_mid_generate_loads():
             for p in engine.model.parameters():
                 p.mul_(0.9)
         first = engine.generate(batch, sp)
+        before = copy.deepcopy(engine.model)
         hook = functools.partial(
-            lambda e, j: e.load_weights(other.named_parameters()) if j == 4 else None, engine
+            lambda e, j: e.load_weights(other.named_parameters()) if int(j.min()) == 4 else None, engine
         )
         with engine.each_step(hook):
             second = engine.generate(batch, sp)
         outs[lean] = (first, second)
+        mask = second["response_mask"].bool()
+        for model, columns in ((before, slice(0, 4)), (other, slice(4, None))):
+            gap = (teacher_logprobs(model, second) - second["rollout_logprobs"]).abs()
+            assert gap[:, columns][mask[:, columns]].max() <= 1e-5, (lean, columns)
     for a, b in zip(outs[True], outs[False], strict=True):
         assert torch.equal(a["responses"], b["responses"])
         torch.testing.assert_close(a["rollout_logprobs"], b["rollout_logprobs"], rtol=0, atol=1e-5)

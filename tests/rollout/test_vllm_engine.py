@@ -355,6 +355,41 @@ def test_load_weights_changes_greedy_to_the_new_models(
         engine.load_weights(model_a.named_parameters())
 
 
+def test_a_push_between_steps_continues_every_request_under_the_new_weights(engine, policy) -> None:
+    """Partial rollouts on vLLM (`each_step`): weights pushed after 5 decode steps. Each token's
+    reported log-prob is the log-prob, recomputed by the trainer from scratch, of the version that
+    sampled it: model A before the push, model B after it (vLLM recomputes the KV of the prompt and the
+    tokens so far with B; a request that kept A's KV would sample from neither). Long prompts (> one
+    128-token cache block) so that a stale prefix cache would show."""
+    model_a, tokenizer = policy[0], policy[1]
+    model_b, _ = make_policy(seed=1)
+    prompts = make_prompts(tokenizer, [*TEXTS[:3], "The quick brown fox jumps over the lazy dog. " * 4])
+    pushed: list[torch.Tensor] = []
+
+    def push_once(sampled: torch.Tensor) -> None:
+        if not pushed and int(sampled.min()) >= 5:
+            engine.load_weights(model_b.named_parameters())
+            pushed.append(sampled.clone())
+
+    try:
+        with engine.each_step(push_once):
+            out = engine.generate(prompts, SamplingParams(n=3, max_tokens=24, seed=11))
+    finally:
+        engine.load_weights(model_a.named_parameters())
+    assert len(pushed) == 1 and pushed[0].shape == (12,)
+    t = out["responses"].shape[1]
+    after = (torch.arange(t)[None, :] >= pushed[0][:, None]) & (out["response_mask"] > 0)  # (b, t)
+    before = (out["response_mask"] > 0) & ~after
+    assert int(after.sum()) > 100 and int(before.sum()) == 5 * 12
+    a, b = (token_logprobs(teacher_forced_logits(m, out), out["responses"]) for m in (model_a, model_b))
+    reported = out["rollout_logprobs"]
+    gap_a, gap_b = (reported - a).abs(), (reported - b).abs()
+    assert gap_a[before].mean() < 1e-4 and gap_a[before].max() < 1e-3, gap_a[before].max()
+    assert gap_b[after].mean() < 1e-4 and gap_b[after].max() < 1e-3, gap_b[after].max()
+    assert gap_a[after].mean() > 1e-1  # the versions are far apart: tagging the wrong one would show
+    assert out["finish_reason"].count("length") + out["finish_reason"].count("stop") == 12
+
+
 def test_sleep_wake(engine, prompts: Batch) -> None:
     engine.sleep()  # a no-op on CPU apart from the state
     try:

@@ -134,9 +134,9 @@ def test_prefix_cache_and_repack_run_once_per_push(engine, policy, restore, monk
     calls = {"reset": 0}
     reset = engine.llm.reset_prefix_cache
 
-    def counting_reset() -> bool:
+    def counting_reset(**kwargs: bool) -> bool:
         calls["reset"] += 1
-        return reset()
+        return reset(**kwargs)
 
     monkeypatch.setattr(engine.llm, "reset_prefix_cache", counting_reset)
     from rlcore.rollout import vllm_engine

@@ -143,7 +143,7 @@ def test_lora_at_tp_2_trains_like_one_process(untied, tmp_path):
     drawn from the run's seed, so the engine copy a tp rank builds first does not shift the critic's."""
     from safetensors.torch import load_file
 
-    lora = [*PPO_KL, *ARGS, "--trainer.steps", "3", "--model.path", str(untied), "--model.lora-rank", "8",
+    lora = [*PPO_KL, *ARGS, "--trainer.steps", "2", "--model.path", str(untied), "--model.lora-rank", "8",
             "--critic.lora-rank", "4"]  # fmt: skip
     one = tmp_path / "one"
     ok(train(*lora, out=one))

