@@ -23,9 +23,9 @@ as the plan says. On a column-wise layer, A (r x in) is replicated and B (out x 
 like the base: each rank computes x A^T whole (r columns: cheap) and its own output columns of B, with
 no extra collective forward. On a row-wise layer, A is split by its input like the base and B is
 replicated: the partial x A^T (r wide, not out wide) is summed over the tp ranks, and B then adds the
-replicated output. The other pairing would sum or gather out-wide activations, r/out of the cost here.
-The replicated halves get Partial gradients that DTensor sums when they are read (the optimizer, the
-norm, FSDP2's reduction).
+replicated output. The other pairing would move out-wide activations instead (out/r times the bytes).
+The replicated halves get Partial gradients, summed once to their parameter's placement before the
+norm and the optimizer read them (`rlcore.update`; under FSDP2 its reduction does it).
 """
 
 from __future__ import annotations
