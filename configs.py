@@ -229,6 +229,14 @@ class AlgoConfig:
     """Lower ratio bound of the rejection (None: 1 / upper)."""
     rollout_veto: float | None = None
     """Drop every response holding a token whose old/rollout ratio is below this (None: off)."""
+    router_replay: Literal["off", "record", "replay"] = "off"
+    """Mixture-of-experts routing (rlcore.models.moe): record: the rollout records each token's experts
+    and the update logs rollout/router_agreement with the trainer's own choice; replay (R3): every
+    trainer forward (old log-probs, reference, update) routes each token to the recorded experts, gate
+    weights from its own router over them. Native engine, single-turn rollouts."""
+    router_aux_coef: float = 0.0
+    """A mixture of experts' load-balancing loss (the Switch loss its model defines) added to the
+    policy loss with this coefficient (0: only logged, router/aux_loss)."""
     bypass: bool = False
     """Use the rollout engine's log-probs as the old policy (no recompute pass): PPO's ratio then also
     corrects the rollout/trainer gap (verl's bypass mode)."""

@@ -85,6 +85,9 @@ class Algorithm:
     """The rollout's log-probs are the old policy (no recompute pass)."""
     value_loss_fn: Callable[..., tuple[Tensor, dict[str, Tensor]]] | None = None
     """The critic's loss, clip bound (None: no critic)."""
+    router_aux_coef: float = 0.0
+    """A mixture of experts' load-balancing loss coefficient (`rlcore.pure.routing.load_balancing_loss`;
+    0: only measured)."""
     on_policy: bool = False
     """One update per step and no KL in the reward: the update's own forward gives the old log-probs
     (ratio 1), so the separate no-grad pass is skipped."""

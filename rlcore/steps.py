@@ -20,6 +20,7 @@ from torch import Tensor
 
 from rlcore.algorithm import Algorithm
 from rlcore.batch import Batch, group_ids
+from rlcore.models.forward import ROUTE_FIELDS
 from rlcore.pure import corrections
 from rlcore.pure.corrections import is_weights, offpolicy_metrics, rejection_mask, veto_mask
 from rlcore.pure.kl import apply_kl_penalty
@@ -184,14 +185,19 @@ def _pad_rollout(batch: Batch, p: int, t: int, pad_token_id: int) -> Batch:
     padded = {}
     for key in batch.keys():  # noqa: SIM118  (iterating a Batch would go over rows)
         x = batch[key]
-        if not isinstance(x, Tensor) or x.dim() != 2:
+        if not isinstance(x, Tensor) or (x.dim() != 2 and key not in ROUTE_FIELDS):
             continue
-        value = pad_token_id if key in ("input_ids", "responses") else 0
-        if key in PROMPT_FIELDS and x.shape[1] < p:
-            padded[key] = torch.nn.functional.pad(x, (p - x.shape[1], 0), value=value)
-        elif key not in PROMPT_FIELDS and x.shape[1] == width and width < t:
-            padded[key] = torch.nn.functional.pad(x, (0, t - width), value=value)
+        value = pad_token_id if key in ("input_ids", "responses") else -1 if key in ROUTE_FIELDS else 0
+        if key in (*PROMPT_FIELDS, ROUTE_FIELDS[0]) and x.shape[1] < p:
+            padded[key] = _pad_columns(x, p - x.shape[1], 0, value)
+        elif key not in (*PROMPT_FIELDS, ROUTE_FIELDS[0]) and x.shape[1] == width and width < t:
+            padded[key] = _pad_columns(x, 0, t - width, value)
     return batch.with_(**padded, overwrite=True) if padded else batch
+
+
+def _pad_columns(x: Tensor, left: int, right: int, value: int) -> Tensor:
+    """`x` (b, c, ...) with `left` and `right` columns of `value` added along dim 1."""
+    return torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (left, right), value=value)
 
 
 def group_signal(batch: Batch, key: str = "token_scores") -> tuple[Tensor, Tensor]:

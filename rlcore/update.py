@@ -51,11 +51,13 @@ from rlcore.batch import Batch, group_ids
 from rlcore.dist.fsdp import model_mesh, set_gradient_sync
 from rlcore.dist.reduce import all_reduce, mesh_size
 from rlcore.models.forward import (
+    ROUTE_FIELDS,
     SEQUENCE_FIELDS,
     aligned_micro_batches,
     model_inputs,
     response_logprobs,
 )
+from rlcore.models.moe import router_tap, router_terms, tracing
 from rlcore.pure.corrections import is_weights, logprob_gap
 from rlcore.pure.kl import kl_estimate
 from rlcore.pure.losses import aggregate
@@ -352,6 +354,8 @@ def _needed_fields(batch: Batch, algorithm: Algorithm) -> tuple[str, ...]:
         fields.append("ref_logprobs")
     if "is_weights" in batch:  # decoupled PPO: the correction step's weights for the behaviour gap
         fields.append("is_weights")
+    if ROUTE_FIELDS[0] in batch:  # a mixture of experts' recorded routes (replayed or compared)
+        fields.extend(ROUTE_FIELDS)
     why = {
         "ref_logprobs": "--algo.use-kl-loss",
         "rollout_logprobs": "--algo.tis-cap",
@@ -378,7 +382,11 @@ def actor_micro_loss(
     the entropy bonus, plus the KL-to-reference loss; metrics under `actor/` (and `rollout/` gaps)."""
     inputs = model_inputs(model, micro, share_prompts=share_prompts)
     bonus = algorithm.entropy_coef > 0  # the entropy differentiable only then
-    logprob, ent = response_logprobs(model, inputs, temperature=temperature, entropy=True, entropy_grad=bonus)
+    tap = router_tap(model)
+    with tracing(tap) as trace:
+        logprob, ent = response_logprobs(
+            model, inputs, temperature=temperature, entropy=True, entropy_grad=bonus
+        )
     r = logprob.shape[1]  # (m, r) float32
     mask = micro["response_mask"][:, :r]  # (m, r)
     old = logprob.detach() if algorithm.on_policy else micro["old_logprobs"][:, :r]
@@ -408,6 +416,11 @@ def actor_micro_loss(
     if algorithm.on_policy and "rollout_logprobs" in micro:  # the engine's log-probs vs these, as logprob_gap
         gap = logprob_gap(micro["rollout_logprobs"][:, :r], old, mask, num_tokens=norms["num_tokens"])
         metrics |= {f"rollout/logprob_diff_{k}": v for k, v in gap.items()}
+    if tap is not None:  # a mixture of experts: its load-balancing loss and router metrics
+        aux, router_metrics = router_terms(tap, trace, inputs.token_kind, inputs.routes)
+        if algorithm.router_aux_coef > 0:
+            loss = loss + algorithm.router_aux_coef * aux * share
+        metrics |= {k: v.detach() * share for k, v in router_metrics.items()}
     if algorithm.kl_loss_coef > 0:
         kl = kl_estimate(logprob, micro["ref_logprobs"][:, :r], algorithm.kl_loss_kind)  # (m, r)
         kl_loss = aggregate(kl, mask, algorithm.loss_agg, **agg)

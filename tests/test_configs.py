@@ -100,6 +100,13 @@ def test_former_refusals_are_valid(cfg):
          "--data.batch-size 3 is not divisible by the trainer ranks' data-parallel size 2: use a multiple of 2"),
         (with_(BASE, data=DataConfig(batch_size=6), trainer=TrainerConfig(tp=2)), 8,
          "--data.batch-size 6 is not divisible by the data-parallel size (world size / tp / sp) 4: use a multiple of 4"),
+        (with_(BASE, algo=AlgoConfig(router_replay="replay"), rollout=RolloutConfig(engine="vllm")), 1,
+         "--algo.router-replay replay with --rollout.engine vllm: routes are recorded by the native engine only"),
+        (with_(BASE, algo=AlgoConfig(router_replay="record"), rollout=RolloutConfig(max_turns=3)), 1,
+         "--algo.router-replay record with --rollout.max-turns 3: the agent loop does not carry routes yet"),
+        (with_(BASE, algo=AlgoConfig(router_replay="replay"), trainer=TrainerConfig(sp=2)), 2,
+         "--algo.router-replay replay with --trainer.sp 2: sequence-parallel forwards do not replay routes"),
+        (with_(BASE, algo=AlgoConfig(router_aux_coef=-1.0)), 1, "--algo.router-aux-coef -1.0: must be a number >= 0"),
     ],
 )  # fmt: skip
 def test_bad_values_name_flag_value_and_fix(cfg, world_size, message):
@@ -149,4 +156,19 @@ def test_the_model_must_split_by_tp_and_sp(tp, sp, message):
         info.value
     ) == f"--trainer.tp {tp} --trainer.sp {sp} with --model.path {cfg.model.path}: {message}" + (
         "; use a tp that divides them" if sp == 1 else ""
+    )
+
+
+def test_router_replay_needs_a_mixture_of_experts():
+    """Read from the model's config before any weights load: the default built-in model is dense."""
+    from rlcore.trainer.models import check_routing
+
+    check_routing(
+        with_(BASE, algo=AlgoConfig(router_replay="replay"), model=ModelConfig(path="builtin:tiny-moe"))
+    )
+    with pytest.raises(ConfigError) as info:
+        check_routing(with_(BASE, algo=AlgoConfig(router_replay="replay")))
+    assert str(info.value) == (
+        f"--algo.router-replay replay with --model.path {BASE.model.path}: a llama model has no router; use a "
+        "mixture of experts (mixtral, olmoe, qwen2_moe, qwen3_moe) or --algo.router-replay off"
     )

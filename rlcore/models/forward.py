@@ -44,6 +44,7 @@ from rlcore.dist.fsdp import model_mesh
 from rlcore.dist.reduce import all_reduce_int
 from rlcore.dist.tp import vocab_group, vocab_parallel_entropy, vocab_parallel_logprobs
 from rlcore.dist.ulysses import SequenceLayout, gather_sequence, sp_group
+from rlcore.models.moe import router_tap
 from rlcore.models.shared_prompt import choose_plan, pack_plan, prompt_groups, worth_packing
 from rlcore.pure.logprobs import token_logprobs
 from rlcore.pure.losses import entropy as _entropy
@@ -52,6 +53,10 @@ _CHUNK_BYTES = 64 * 2**20  # float32 logits per entropy chunk
 
 SEQUENCE_FIELDS = ("input_ids", "attention_mask", "responses", "response_attention", "response_mask")
 """The batch fields the model passes read."""
+
+ROUTE_FIELDS = ("prompt_routes", "response_routes")
+"""A mixture of experts' recorded routes (b, p, L, k) and (b, t, L, k), int16, -1 where none was
+recorded (`rlcore.models.moe`): the model passes replay them when the batch carries them."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -70,6 +75,12 @@ class ModelInputs:
     """Packed only: (m, r) indices into the flattened kept logits, the position predicting each token."""
     keep: int = 0
     """Packed only: `logits_to_keep` of the packed forward."""
+    token_kind: Tensor | None = None
+    """(tokens,) int8, `input_ids` flattened row by row: 0 padding, 1 prompt, 2 response."""
+    routes: Tensor | None = None
+    """(tokens, L, k) long, like `token_kind`: the experts the rollout routed each token to (-1: none
+    recorded), from the batch's `prompt_routes` / `response_routes` (`rlcore.models.moe`); None
+    without them."""
 
 
 def _row_lengths(batch: Batch) -> tuple[Tensor, Tensor]:
@@ -81,15 +92,20 @@ def _row_lengths(batch: Batch) -> tuple[Tensor, Tensor]:
     return prompt, response  # (b,), (b,)
 
 
-def _trimmed(batch: Batch) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(prompt ids, prompt attention, responses, response attention), cut to the columns some row uses."""
+def _trimmed(batch: Batch) -> tuple[Tensor, Tensor, Tensor, Tensor, tuple[Tensor, Tensor] | None]:
+    """(prompt ids, prompt attention, responses, response attention, recorded routes (prompt, response)
+    or None), cut to the columns some row uses."""
     attn_p = batch["attention_mask"].long()  # (m, p)
     attn_r = batch["response_attention"].long()  # (m, t)
     prompt_used = attn_p.any(dim=0)  # (p,)
     first = int(torch.argmax(prompt_used.int()).item()) if bool(prompt_used.any()) else attn_p.shape[1] - 1
     response_used = attn_r.any(dim=0)  # (t,)
     width = int(response_used.nonzero().max().item()) + 1 if bool(response_used.any()) else 0
-    return batch["input_ids"][:, first:], attn_p[:, first:], batch["responses"][:, :width], attn_r[:, :width]
+    routes = None
+    if ROUTE_FIELDS[0] in batch:
+        routes = (batch[ROUTE_FIELDS[0]][:, first:], batch[ROUTE_FIELDS[1]][:, :width])
+    return (batch["input_ids"][:, first:], attn_p[:, first:], batch["responses"][:, :width],
+            attn_r[:, :width], routes)  # fmt: skip
 
 
 def sequence_tensors(batch: Batch) -> ModelInputs:
@@ -97,13 +113,29 @@ def sequence_tensors(batch: Batch) -> ModelInputs:
     return _row_inputs(*_trimmed(batch))
 
 
-def _row_inputs(ids_p: Tensor, attn_p: Tensor, responses: Tensor, attn_r: Tensor) -> ModelInputs:
+def _row_inputs(
+    ids_p: Tensor, attn_p: Tensor, responses: Tensor, attn_r: Tensor, routes: tuple[Tensor, Tensor] | None
+) -> ModelInputs:
     input_ids = torch.cat([ids_p, responses], dim=1)  # (m, s)
     attention = torch.cat([attn_p, attn_r], dim=1)  # (m, s)
     position_ids = (attention.cumsum(dim=-1) - 1).clamp(min=0)  # (m, s)
     return ModelInputs(
-        input_ids=input_ids, attention_mask=attention, position_ids=position_ids, labels=responses
-    )
+        input_ids=input_ids, attention_mask=attention, position_ids=position_ids, labels=responses,
+        token_kind=_kinds(attn_p, attn_r).reshape(-1), routes=_row_routes(routes),
+    )  # fmt: skip
+
+
+def _kinds(attn_p: Tensor, attn_r: Tensor) -> Tensor:
+    """(m, s) int8: 0 padding, 1 prompt, 2 response."""
+    return torch.cat([(attn_p != 0).to(torch.int8), (attn_r != 0).to(torch.int8) * 2], dim=1)
+
+
+def _row_routes(routes: tuple[Tensor, Tensor] | None) -> Tensor | None:
+    """(m * s, L, k) long: the prompt's and the response's recorded routes, row by row."""
+    if routes is None:
+        return None
+    rows = torch.cat(routes, dim=1).long()  # (m, s, L, k)
+    return rows.reshape(-1, *rows.shape[2:])
 
 
 def _packable_hidden(model: nn.Module) -> int | None:
@@ -131,7 +163,7 @@ def model_inputs(model: nn.Module, batch: Batch, *, share_prompts: bool = True) 
     same either way (to rounding).
     """
     hidden = _packable_hidden(model) if share_prompts and sp_group(model) is None else None
-    ids_p, attn_p, responses, attn_r = _trimmed(batch)
+    ids_p, attn_p, responses, attn_r, routes = _trimmed(batch)
     left_padded = bool((attn_p[:, 1:] >= attn_p[:, :-1]).all()) and bool(attn_p[:, -1].all())
     if hidden is not None and len(batch) > 1 and left_padded:
         group = prompt_groups(ids_p, attn_p)
@@ -140,12 +172,32 @@ def model_inputs(model: nn.Module, batch: Batch, *, share_prompts: bool = True) 
             plan, width = choose_plan(prompt_len, attn_r.sum(dim=1).tolist(), group.tolist(), hidden)
             row_width = ids_p.shape[1] + attn_r.shape[1]
             if width <= _window(model) and worth_packing(len(batch), row_width, len(plan), width, hidden):
-                ids, allowed, pos, gather = pack_plan(ids_p, attn_p, responses, attn_r, plan, width)
-                return ModelInputs(
-                    input_ids=ids, attention_mask=allowed, position_ids=pos, labels=responses,
-                    gather=gather, keep=width,
-                )  # fmt: skip
-    return _row_inputs(ids_p, attn_p, responses, attn_r)
+                return _packed_inputs(ids_p, attn_p, responses, attn_r, routes, plan, width)
+    return _row_inputs(ids_p, attn_p, responses, attn_r, routes)
+
+
+def _packed_inputs(
+    ids_p: Tensor, attn_p: Tensor, responses: Tensor, attn_r: Tensor, routes: tuple[Tensor, Tensor] | None,
+    plan: list, width: int,
+) -> ModelInputs:  # fmt: skip
+    """The prompt-packed inputs of `plan` (`shared_prompt.pack_plan`). Each packed column's source,
+    a flat index into the row layout [prompt | response], is packed as if it were a token id (+ 1:
+    padding packs as 0), so the tokens, their kinds and their routes follow the same layout."""
+    m, p = ids_p.shape
+    index = torch.arange(1, m * (p + responses.shape[1]) + 1, device=ids_p.device).view(m, -1)
+    source, allowed, pos, gather = pack_plan(index[:, :p], attn_p, index[:, p:], attn_r, plan, width)
+    source = source - 1  # (G, L): -1 at padding
+    real, at = source >= 0, source.clamp(min=0)
+    ids = torch.where(real, torch.cat([ids_p, responses], dim=1).reshape(-1)[at], 0)
+    kind = torch.where(real, _kinds(attn_p, attn_r).reshape(-1)[at], 0).to(torch.int8)
+    packed_routes = None
+    if routes is not None:
+        row_routes = _row_routes(routes)  # (m * s, L, k)
+        packed_routes = torch.where(real.reshape(-1, 1, 1), row_routes[at.reshape(-1)], -1)
+    return ModelInputs(
+        input_ids=ids, attention_mask=allowed, position_ids=pos, labels=responses, gather=gather,
+        keep=width, token_kind=kind.reshape(-1), routes=packed_routes,
+    )  # fmt: skip
 
 
 def _additive(allowed: Tensor, dtype: torch.dtype) -> Tensor:
@@ -163,8 +215,12 @@ def packed_mask(model: nn.Module, inputs: ModelInputs) -> Tensor:
 
 
 def response_logits(model: nn.Module, inputs: ModelInputs) -> Tensor:
-    """Logits predicting each response token: (m, r, v) in the model's output dtype."""
+    """Logits predicting each response token: (m, r, v) in the model's output dtype. A mixture of
+    experts routes by `inputs.routes` when given (`rlcore.models.moe`), until its next forward."""
     width = inputs.labels.shape[1]
+    tap = router_tap(model)
+    if tap is not None:
+        tap.set_replay(inputs.routes)
     if inputs.gather is None:
         out = model(
             input_ids=inputs.input_ids,
@@ -248,6 +304,9 @@ def _sequence_parallel_logprobs(
     model: nn.Module, inputs: ModelInputs, group, temperature: float, entropy: bool, entropy_grad: bool
 ) -> tuple[Tensor, Tensor | None]:
     layout, ids, positions, columns = sequence_parallel_inputs(inputs, group)
+    tap = router_tap(model)
+    if tap is not None:  # sharded sequences do not carry routes (replay is refused with sp)
+        tap.set_replay(None)
     rank = torch.distributed.get_rank(group)
     shifted = layout.shift(inputs.input_ids)
     labels = layout.local(torch.cat([shifted[:, 1:], shifted[:, :1]], dim=1), rank)  # the next token
@@ -393,7 +452,7 @@ def compute_logprobs(
     its samples where that pays (`share_prompts`); under FSDP every rank of the model's mesh must call
     it (the micro-batch count is agreed with one collective).
     """
-    work = batch.select(*SEQUENCE_FIELDS)
+    work = batch.select(*SEQUENCE_FIELDS, *(k for k in ROUTE_FIELDS if k in batch))
     mask = batch["response_mask"]
     b, t = mask.shape
     logprobs = torch.zeros(b, t, dtype=torch.float32, device=mask.device)

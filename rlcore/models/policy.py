@@ -5,7 +5,7 @@
     model, tokenizer = load_policy("Qwen/Qwen2.5-0.5B-Instruct")       # via the HF cache (rlcore.models.hub)
     tokenizer = load_tokenizer("Qwen/Qwen2.5-0.5B-Instruct")            # alone, without loading any weights
 
-A built-in model is a real `transformers` `LlamaForCausalLM` with the character-level tokenizer of
+A built-in model is a real `transformers` `LlamaForCausalLM` (`Qwen3MoeForCausalLM` for `tiny-moe`) with the character-level tokenizer of
 `rlcore.models.tokenizer`; it saves and reloads with `save_pretrained` / `from_pretrained` like any
 other. If `rlcore/models/weights/<name>/` holds a `save_pretrained` directory, its weights are
 loaded instead of the seeded random init.
@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    Qwen3MoeConfig,
+)
 
 from rlcore.models.hub import model_directory
 from rlcore.models.tokenizer import build_char_tokenizer
@@ -43,6 +50,11 @@ class BuiltinSpec:
     """Key/value heads (grouped-query attention when fewer than num_heads)."""
     max_positions: int = 2048
     """Longest sequence (prompt + response) in tokens, i.e. characters."""
+    experts: int = 0
+    """Routed experts per layer (0: a dense Llama; else a Qwen3-MoE whose every layer is a mixture, each
+    expert a SwiGLU of width `intermediate_size`)."""
+    experts_per_token: int = 2
+    """Experts each token is routed to (top-k), with the top-k gate weights renormalised."""
 
 
 BUILTIN_MODELS: dict[str, BuiltinSpec] = {
@@ -58,6 +70,12 @@ BUILTIN_MODELS: dict[str, BuiltinSpec] = {
     "tiny-calc": BuiltinSpec(
         hidden_size=96, intermediate_size=256, num_layers=4, num_heads=4, num_kv_heads=2
     ),
+    # a Qwen3-MoE as wide as `tiny` with 8 experts of a quarter of its MLP, top-2 (the same active
+    # MLP width as `tiny`'s half); warm-started on `reverse` by experiments/warmstart.py --model
+    # tiny-moe (weights in rlcore/models/weights/tiny-moe/)
+    "tiny-moe": BuiltinSpec(
+        hidden_size=96, intermediate_size=64, num_layers=4, num_heads=4, num_kv_heads=2, experts=8
+    ),
 }
 
 
@@ -70,22 +88,25 @@ def builtin_spec(name: str) -> BuiltinSpec:
     return BUILTIN_MODELS[name]
 
 
-def builtin_config(name: str, tokenizer: Any) -> LlamaConfig:
-    """The `LlamaConfig` of built-in model `name` for `tokenizer`'s vocabulary."""
+def builtin_config(name: str, tokenizer: Any) -> PretrainedConfig:
+    """The config of built-in model `name` for `tokenizer`'s vocabulary: a `LlamaConfig`, or a
+    `Qwen3MoeConfig` (every layer a mixture, top-k renormalised) for a mixture of experts."""
     spec = builtin_spec(name)
-    return LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads,
-        max_position_embeddings=spec.max_positions,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    common: dict[str, Any] = {
+        "vocab_size": len(tokenizer), "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size, "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads, "num_key_value_heads": spec.num_kv_heads,
+        "max_position_embeddings": spec.max_positions, "tie_word_embeddings": True,
+        "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }  # fmt: skip
+    if not spec.experts:
+        return LlamaConfig(**common)
+    return Qwen3MoeConfig(
+        **common, head_dim=spec.hidden_size // spec.num_heads, moe_intermediate_size=spec.intermediate_size,
+        num_experts=spec.experts, num_experts_per_tok=spec.experts_per_token, norm_topk_prob=True,
+        decoder_sparse_step=1, mlp_only_layers=[],
+    )  # fmt: skip
 
 
 def load_policy(
@@ -111,7 +132,7 @@ def load_model(path: str, *, dtype: torch.dtype = torch.float32, seed: int = 0) 
         else:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
-                model = LlamaForCausalLM(builtin_config(name, tokenizer))
+                model = AutoModelForCausalLM.from_config(builtin_config(name, tokenizer))
             model = model.to(dtype)
         return model.eval()
     directory = _directory(path)

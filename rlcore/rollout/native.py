@@ -61,6 +61,7 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, StaticCa
 
 from rlcore.batch import Batch
 from rlcore.data.prompts import pad_token_id
+from rlcore.models.moe import MOE_FAMILIES, RouterTap, router_tap
 from rlcore.rollout.base import SamplingParams
 from rlcore.rollout.lean import full_attention_only, lean_decoder
 from rlcore.rollout.sampling import check_sampling, sample_tokens
@@ -173,6 +174,7 @@ class NativeEngine:
         compile: bool = False,
         compile_mode: str | None = None,
         lean: bool = True,
+        record_routes: bool = False,
     ) -> None:
         """`model` is used as is (shared). `device` defaults to the model's; if given, the model moves there.
         `kv_cache`: "auto" (preallocated when every layer is full attention, else HF DynamicCache),
@@ -181,7 +183,10 @@ class NativeEngine:
         `compact_fraction`: drop finished rows from the batch once they are this share of it (0: at once).
         `offload_on_sleep`: move the weights to CPU in `sleep` (only for an engine owning its copy).
         `lean`: decode with `rlcore.rollout.lean` where it covers the model (Llama family, "auto" cache);
-        `compile` then compiles the lean step, else the Hugging Face module."""
+        `compile` then compiles the lean step, else the Hugging Face module.
+        `record_routes`: a mixture of experts' batches carry the experts each token was routed to,
+        `prompt_routes` (b*n, p, L, k) and `response_routes` (b*n, t, L, k) int16, -1 where no token
+        was fed (padding, a row's last token) (`rlcore.models.moe`)."""
         if kv_cache not in ("auto", "dynamic", "static"):
             raise ValueError(f"kv_cache={kv_cache!r}: expected 'auto', 'dynamic' or 'static'")
         if not 0 <= compact_fraction <= 1:
@@ -208,6 +213,12 @@ class NativeEngine:
             if compile and self._lean is None
             else model
         )
+        self._tap = router_tap(model) if record_routes else None
+        if record_routes and self._tap is None:
+            raise ValueError(
+                f"record_routes: {type(model).__name__} is not a mixture of experts rlcore covers "
+                f"({sorted(MOE_FAMILIES)})"
+            )
         self._asleep = self._offloaded = False
         self._on_step: Callable[[Tensor], None] | None = None
         self._loads = 0  # `load_weights` calls so far: a load between decode steps restarts the decoding
@@ -250,20 +261,24 @@ class NativeEngine:
             generator = torch.Generator(self.device).manual_seed(sampling.seed)
         was_training = self.model.training
         self.model.eval()
+        routes = _RouteLog(self._tap, prompts, sampling) if self._tap is not None else None
         try:
-            with torch.no_grad():
-                tokens, logprobs, lengths, reasons = self._decode(prompts, sampling, generator)
+            with torch.no_grad(), routes or contextlib.nullcontext():
+                tokens, logprobs, lengths, reasons = self._decode(prompts, sampling, generator, routes)
         finally:
             self.model.train(was_training)
         t = int(lengths.max()) if lengths.numel() else 0
         mask = (torch.arange(t, device=lengths.device) < lengths[:, None]).float()  # (b*n, t)
-        return rows.with_(
+        out = rows.with_(
             responses=tokens[:, :t].to(out_device),
             response_mask=mask.to(out_device),
             response_attention=mask.clone().to(out_device),
             rollout_logprobs=logprobs[:, :t].to(out_device),
             finish_reason=reasons,
         )
+        if routes is not None:
+            out = out.with_(**routes.fields(lengths - 1, t, out_device))
+        return out
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
         """Copy full tensors, named as in the trainer's HF model, into this engine's model in place."""
@@ -335,10 +350,13 @@ class NativeEngine:
         return _HFState(self, cache, mask, pos[:, -1:] + 1, ids.shape[1]), logits
 
     def _decode(
-        self, prompts: Batch, sp: SamplingParams, generator: torch.Generator
+        self, prompts: Batch, sp: SamplingParams, generator: torch.Generator, routes: _RouteLog | None
     ) -> tuple[Tensor, Tensor, Tensor, list[str]]:
-        """(tokens, logprobs (b*n, T), lengths (b*n,), finish reasons) for `n` samples of each prompt."""
+        """(tokens, logprobs (b*n, T), lengths (b*n,), finish reasons) for `n` samples of each prompt;
+        `routes` records the experts of every forward."""
         state, logits = self._start(prompts, sp)
+        if routes is not None:
+            routes.prefilled(torch.arange(logits.shape[0]), 0)
         b, big_t = logits.shape[0], sp.max_tokens
         tokens = torch.full((b, big_t), self.pad_id, dtype=torch.long, device=self.device)  # (b, T)
         logprobs = torch.zeros((b, big_t), dtype=torch.float32, device=self.device)
@@ -385,8 +403,12 @@ class NativeEngine:
                 live = torch.ones(n_live, dtype=torch.bool, device=self.device)
             if self._pushed_at(step + 1, b):  # new weights: prompt + tokens so far recomputed with them
                 state, logits = self._restart(prompts, sp, tokens[where, : step + 1], where)
+                if routes is not None:
+                    routes.prefilled(where.cpu(), step + 1)
             else:
                 logits = state.step(tok)
+                if routes is not None:
+                    routes.fed(where.cpu(), step)
         return tokens.cpu(), logprobs.cpu(), lengths, reasons
 
     def _pushed_at(self, sampled: int, rows: int) -> bool:
@@ -415,6 +437,49 @@ class NativeEngine:
             "position_ids": torch.cat([pos, after], dim=1),
         })  # fmt: skip
         return self._start(context, dataclasses.replace(sp, n=1, max_tokens=sp.max_tokens - k))
+
+
+class _RouteLog:
+    """The experts a mixture of experts routed each token of one `generate` call to (`record_routes`):
+    a context that traces the routers, and after each forward files its routes by output row."""
+
+    def __init__(self, tap: RouterTap, prompts: Batch, sp: SamplingParams) -> None:
+        self.tap, self.n, self.p = tap, sp.n, prompts["input_ids"].shape[1]
+        rows, shape = len(prompts) * sp.n, (tap.layers, tap.top_k)
+        self.prompt = torch.full((rows, self.p, *shape), -1, dtype=torch.int16)
+        self.response = torch.full((rows, sp.max_tokens, *shape), -1, dtype=torch.int16)
+        self.padding = prompts["attention_mask"].cpu().repeat_interleave(sp.n, dim=0) == 0  # (rows, p)
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> _RouteLog:
+        self.tap.set_replay(None)  # the engine's own routing, whatever a trainer forward left set
+        self.trace = self._stack.enter_context(self.tap.tracing())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def prefilled(self, rows: Tensor, sampled: int) -> None:
+        """A prefill of the prompts (+ the first `sampled` tokens) of output rows `rows`, or of each
+        prompt once for its n samples (fewer prefilled rows than `rows`)."""
+        routes = self.trace.take(self.tap.layers).cpu().to(torch.int16)  # (R * (p + sampled), L, k)
+        routes = routes.view(-1, self.p + sampled, *routes.shape[1:])  # (R, p + sampled, L, k)
+        if routes.shape[0] != len(rows):  # one prefill per prompt, shared by its n samples
+            routes = routes.repeat_interleave(self.n, dim=0)
+        self.prompt[rows] = routes[:, : self.p]
+        self.response[rows, :sampled] = routes[:, self.p :]
+
+    def fed(self, rows: Tensor, step: int) -> None:
+        """A decode step that fed token `step` of output rows `rows`."""
+        self.response[rows, step] = self.trace.take(self.tap.layers).cpu().to(torch.int16)
+
+    def fields(self, last: Tensor, width: int, device: torch.device) -> dict[str, Tensor]:
+        """`prompt_routes` and `response_routes` cut to `width` columns, -1 on prompt padding and from
+        each row's last token (`last` (rows,): it was sampled, never fed) on."""
+        response = self.response[:, :width].clone()
+        response[torch.arange(width)[None, :] >= last[:, None]] = -1
+        prompt = self.prompt.masked_fill(self.padding[:, :, None, None], -1)
+        return {"prompt_routes": prompt.to(device), "response_routes": response.to(device)}
 
 
 class _HFState:

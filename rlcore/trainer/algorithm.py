@@ -215,6 +215,7 @@ def algorithm_of(a: AlgoConfig, critic: CriticConfig | None = None, *, on_policy
         tis_cap=a.tis_cap,
         correction=_correction(a),
         bypass=a.bypass,
+        router_aux_coef=a.router_aux_coef,
         value_loss_fn=partial(value_loss, clip=critic.value_clip, agg=a.loss_agg),
         on_policy=on_policy,
     )

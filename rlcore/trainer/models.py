@@ -29,9 +29,20 @@ def _load(cfg: Config, dist: Any) -> Any:
     return model.to(dist.device)
 
 
+def _routed(model: Any, cfg: Config) -> Any:
+    """`model` with its routers replaying recorded routes per --algo.router-replay (a mixture of experts;
+    a dense model as is)."""
+    from rlcore.models.moe import router_tap
+
+    tap = router_tap(model)
+    if tap is not None:
+        tap.replays = cfg.algo.router_replay == "replay"
+    return model
+
+
 def build_policy(cfg: Config, placement: Any) -> Any:
     """The trained policy, split over the placement's axes (`shard`)."""
-    model = _load(cfg, placement.local)
+    model = _routed(_load(cfg, placement.local), cfg)
     model.train()
     if cfg.model.lora_rank > 0:
         model = _with_lora(model, cfg)
@@ -91,7 +102,7 @@ def build_reference(cfg: Config, placement: Any) -> Any:
     reference is then the policy with its adapter disabled, `rlcore.trainer.learn.reference`)."""
     if cfg.model.lora_rank > 0:
         return None
-    model = _load(cfg, placement.local)
+    model = _routed(_load(cfg, placement.local), cfg)
     model.eval().requires_grad_(False)
     return shard(model, placement)
 
@@ -126,8 +137,9 @@ def build_engine(cfg: Config, model: Any, tokenizer: Any, dist: Any) -> Any:
             model = _load(cfg, dist).eval()  # (pushes merge W + scale B A into it; the trained module keeps
             # its adapters unmerged, so merging never rounds the base weights the optimizer sees)
         engine = NativeEngine(
-            model, tokenizer, device=dist.device, generator_seed=cfg.trainer.seed, compile=cfg.rollout.compile
-        )
+            model, tokenizer, device=dist.device, generator_seed=cfg.trainer.seed, compile=cfg.rollout.compile,
+            record_routes=cfg.algo.router_replay != "off",
+        )  # fmt: skip
     return engine
 
 
@@ -169,6 +181,22 @@ def check_mesh(cfg: Config) -> None:
     if problem:
         raise ConfigError(
             f"--trainer.tp {t.tp} --trainer.sp {t.sp} with --model.path {cfg.model.path}: {problem}"
+        )
+
+
+def check_routing(cfg: Config) -> None:
+    """Refuse, before any weights load, --algo.router-replay on a model that is not a mixture of experts
+    rlcore covers (one line)."""
+    from rlcore.models.moe import MOE_FAMILIES
+
+    replay = cfg.algo.router_replay
+    if replay == "off":
+        return
+    model_type = getattr(_model_config(cfg.model.path), "model_type", "")
+    if model_type not in MOE_FAMILIES:
+        raise ConfigError(
+            f"--algo.router-replay {replay} with --model.path {cfg.model.path}: a {model_type or 'dense'} model "
+            f"has no router; use a mixture of experts ({', '.join(sorted(MOE_FAMILIES))}) or --algo.router-replay off"
         )
 
 
@@ -215,18 +243,15 @@ def _positions(path: str) -> int | None:
 
 def _model_config(path: str) -> Any:
     """The Hugging Face config of --model.path (a built-in model's from its spec), without weights."""
-    from transformers import AutoConfig, LlamaConfig
+    from transformers import AutoConfig
 
-    from rlcore.models.policy import BUILTIN_PREFIX, builtin_spec
+    from rlcore.models.policy import BUILTIN_PREFIX, builtin_config, load_tokenizer
 
     if path.startswith(BUILTIN_PREFIX):
         try:
-            spec = builtin_spec(path.removeprefix(BUILTIN_PREFIX))
+            return builtin_config(path.removeprefix(BUILTIN_PREFIX), load_tokenizer(path))
         except ValueError as e:
             raise ConfigError(f"--model.path: {e}") from None
-        return LlamaConfig(hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
-                           num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
-                           max_position_embeddings=spec.max_positions)  # fmt: skip
     try:
         return AutoConfig.from_pretrained(_directory(path))
     except (OSError, ValueError) as e:

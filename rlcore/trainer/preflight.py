@@ -22,11 +22,12 @@ from rlcore.trainer.algorithm import check_algorithm, need
 def preflight(cfg: Config, info: DistInfo) -> None:
     """The whole pass the shell runs before any weights load: the config's checks, the engine that can
     run here, and the model's shape against --trainer.tp / --trainer.sp (its config file only)."""
-    from rlcore.trainer.models import check_engine, check_mesh
+    from rlcore.trainer.models import check_engine, check_mesh, check_routing
 
     validate(cfg, world_size=info.world_size)
     check_engine(cfg, info)
     check_mesh(cfg)
+    check_routing(cfg)
 
 
 def validate(cfg: Config, *, world_size: int = 1) -> None:
@@ -197,6 +198,26 @@ def _check_rollout(cfg: Config) -> None:
     need(
         not r.compile or r.engine == "native",
         "--rollout.compile compiles the native engine's decode step; vLLM compiles its own (drop the flag)",
+    )
+    replay = cfg.algo.router_replay
+    need(
+        replay == "off" or r.engine == "native",
+        f"--algo.router-replay {replay} with --rollout.engine {r.engine}: routes are recorded by the native "
+        "engine only so far; use --rollout.engine native",
+    )
+    need(
+        replay == "off" or r.max_turns == 1,
+        f"--algo.router-replay {replay} with --rollout.max-turns {r.max_turns}: the agent loop does not "
+        "carry routes yet; use single-turn rollouts or --algo.router-replay off",
+    )
+    need(
+        replay == "off" or cfg.trainer.sp == 1,
+        f"--algo.router-replay {replay} with --trainer.sp {cfg.trainer.sp}: sequence-parallel forwards do not "
+        "replay routes; use --trainer.sp 1",
+    )
+    need(
+        cfg.algo.router_aux_coef >= 0 and math.isfinite(cfg.algo.router_aux_coef),
+        f"--algo.router-aux-coef {cfg.algo.router_aux_coef}: must be a number >= 0",
     )
     need(
         r.sync_bucket_mb > 0 and math.isfinite(r.sync_bucket_mb),
