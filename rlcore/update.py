@@ -315,6 +315,9 @@ def run_updates(
             _accumulate(summed, sums)
     finally:
         state.model.train(was_training)
+        tap = router_tap(state.model)
+        if tap is not None:  # a replay stays set through each backward (recompute); not past the updates
+            tap.set_replay(None)
     metrics = dict.fromkeys(sorted(keys), float("nan")) | _finish_metrics(summed, good, mesh, prefix)
     metrics |= {f"{prefix}/lr": float(lr), f"{prefix}/bad_updates": float(bad)}
     return dataclasses.replace(state, step=state.step + 1, bad_updates=consecutive), metrics

@@ -101,7 +101,7 @@ def test_former_refusals_are_valid(cfg):
         (with_(BASE, data=DataConfig(batch_size=6), trainer=TrainerConfig(tp=2)), 8,
          "--data.batch-size 6 is not divisible by the data-parallel size (world size / tp / sp) 4: use a multiple of 4"),
         (with_(BASE, algo=AlgoConfig(router_replay="replay"), rollout=RolloutConfig(engine="vllm")), 1,
-         "--algo.router-replay replay with --rollout.engine vllm: routes are recorded by the native engine only"),
+         "--algo.router-replay replay with --rollout.engine vllm: vLLM returns routed experts only with its Model Runner V2"),
         (with_(BASE, algo=AlgoConfig(router_replay="record"), rollout=RolloutConfig(max_turns=3)), 1,
          "--algo.router-replay record with --rollout.max-turns 3: the agent loop does not carry routes yet"),
         (with_(BASE, algo=AlgoConfig(router_replay="replay"), trainer=TrainerConfig(sp=2)), 2,

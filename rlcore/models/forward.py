@@ -468,6 +468,9 @@ def compute_logprobs(
         logprobs[rows, :r] = lp[:k].float()
         if entropies is not None:
             entropies[rows, :r] = ent[:k].float()
+    tap = router_tap(model)
+    if tap is not None:  # the replay ends with the pass (a later forward routes by its own routers)
+        tap.set_replay(None)
     keep = mask != 0
     logprobs = torch.where(keep, logprobs, 0.0)
     if entropies is not None:

@@ -53,7 +53,7 @@ def apply_lora(
         r=rank,
         lora_alpha=alpha,
         lora_dropout=dropout,
-        target_modules=list(targets) or "all-linear",
+        target_modules=list(targets) or _default_targets(model),
         bias="none",
     )
     device = next(model.parameters()).device
@@ -65,6 +65,18 @@ def apply_lora(
         if type(module) is _peft_linear():
             module.__class__ = _in_place_linear()
     return model
+
+
+def _default_targets(model: nn.Module) -> str | list[str]:
+    """peft's "all-linear"; for a mixture of experts its `nn.Linear` layers by name, so that the fused
+    3-D expert tensors (which "all-linear" wraps too) stay frozen: merging their adapters into an
+    engine's copy is not built yet."""
+    from rlcore.models.moe import is_moe
+
+    if not is_moe(model):
+        return "all-linear"
+    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    return sorted(names - {"lm_head"})
 
 
 def _peft_linear() -> type[nn.Module]:

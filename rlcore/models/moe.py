@@ -13,7 +13,8 @@ forward hook on every router records its choice, or replaces it: in replay, the 
 recorded ones where a record exists (>= 0) and the router's own elsewhere, and the gate weights come
 from the router's own logits over them (`rlcore.pure.routing.replay_gates`), renormalised as the
 model renormalises. A replay stays in force until the next forward sets another (`set_replay`), so a
-backward that recomputes a checkpointed layer routes it the same way.
+backward that recomputes a checkpointed layer routes it the same way; the passes that set one clear it
+when they end (`compute_logprobs`, `run_updates`), and the native engine clears it before it samples.
 
 The routes' token order is the forward's own: `input_ids` flattened row by row (`rlcore.models.
 forward.ModelInputs.routes` lays the batch's recorded routes out like that, packed rows included).
@@ -42,18 +43,23 @@ from rlcore.pure.routing import (
 
 @dataclasses.dataclass(frozen=True)
 class MoEFamily:
-    """How one family's router is found and how it renormalises its top-k gate weights."""
+    """How one family's router is found, how it renormalises its top-k gate weights, and how its
+    checkpoints name the experts that transformers 5 fuses into 3-D tensors."""
 
     router_class: str
     """The router module's class name."""
     normalize_attr: str | None
     """The router attribute saying whether the top-k weights are renormalised (None: always)."""
+    checkpoint_block: str = "mlp"
+    """The MoE block's name in the checkpoint (transformers names it `mlp`)."""
+    checkpoint_experts: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    """The checkpoint's per-expert gate, up and down projections."""
 
 
 MOE_FAMILIES: dict[str, MoEFamily] = {
     "qwen3_moe": MoEFamily("Qwen3MoeTopKRouter", "norm_topk_prob"),
     "qwen2_moe": MoEFamily("Qwen2MoeTopKRouter", "norm_topk_prob"),
-    "mixtral": MoEFamily("MixtralTopKRouter", None),
+    "mixtral": MoEFamily("MixtralTopKRouter", None, "block_sparse_moe", ("w1", "w3", "w2")),
     "olmoe": MoEFamily("OlmoeTopKRouter", "norm_topk_prob"),
 }
 """`config.model_type` -> its router; the mixture-of-experts families rlcore trains."""
@@ -63,6 +69,32 @@ def moe_family(model: nn.Module) -> MoEFamily | None:
     """The family of `model` (a causal LM, possibly wrapped) when it is a covered MoE, else None."""
     config = getattr(model, "config", None)
     return MOE_FAMILIES.get(getattr(config, "model_type", ""))
+
+
+def checkpoint_tensors(family: MoEFamily, name: str, tensor: Tensor) -> Iterator[tuple[str, Tensor]]:
+    """(name, tensor) as the family's checkpoints hold it: a fused expert tensor (`...mlp.experts.
+    gate_up_proj` (E, 2i, h), `...mlp.experts.down_proj` (E, h, i)) as one 2-D weight per expert and
+    projection, the block renamed as the checkpoint names it; anything else as it is. Engines that
+    load checkpoint-named weights (vLLM) take these."""
+    head, dot, leaf = name.rpartition(".experts.")
+    if not dot or leaf not in ("gate_up_proj", "down_proj"):
+        yield _checkpoint_block(family, name), tensor
+        return
+    gate, up, down = family.checkpoint_experts
+    for e, weight in enumerate(tensor):
+        expert = _checkpoint_block(family, f"{head}.experts.{e}")
+        if leaf == "down_proj":
+            yield f"{expert}.{down}.weight", weight
+        else:
+            g, u = weight.chunk(2, dim=0)
+            yield f"{expert}.{gate}.weight", g
+            yield f"{expert}.{up}.weight", u
+
+
+def _checkpoint_block(family: MoEFamily, name: str) -> str:
+    if family.checkpoint_block == "mlp":
+        return name
+    return name.replace(".mlp.", f".{family.checkpoint_block}.")
 
 
 def is_moe(model: nn.Module) -> bool:

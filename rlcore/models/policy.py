@@ -72,7 +72,7 @@ BUILTIN_MODELS: dict[str, BuiltinSpec] = {
     ),
     # a Qwen3-MoE as wide as `tiny` with 8 experts of a quarter of its MLP, top-2 (the same active
     # MLP width as `tiny`'s half); warm-started on `reverse` by experiments/warmstart.py --model
-    # tiny-moe (weights in rlcore/models/weights/tiny-moe/)
+    # tiny-moe --out rlcore/models/weights/tiny-moe (1,500 SFT steps: greedy val 0.219, sampled 0.411)
     "tiny-moe": BuiltinSpec(
         hidden_size=96, intermediate_size=64, num_layers=4, num_heads=4, num_kv_heads=2, experts=8
     ),

@@ -213,7 +213,8 @@ class NativeEngine:
             if compile and self._lean is None
             else model
         )
-        self._tap = router_tap(model) if record_routes else None
+        self._tap = router_tap(model)  # a mixture of experts: generate routes by its own routers
+        self._record = record_routes
         if record_routes and self._tap is None:
             raise ValueError(
                 f"record_routes: {type(model).__name__} is not a mixture of experts rlcore covers "
@@ -261,7 +262,9 @@ class NativeEngine:
             generator = torch.Generator(self.device).manual_seed(sampling.seed)
         was_training = self.model.training
         self.model.eval()
-        routes = _RouteLog(self._tap, prompts, sampling) if self._tap is not None else None
+        if self._tap is not None:
+            self._tap.set_replay(None)  # whatever replay a trainer forward on this module left set
+        routes = _RouteLog(self._tap, prompts, sampling) if self._record else None
         try:
             with torch.no_grad(), routes or contextlib.nullcontext():
                 tokens, logprobs, lengths, reasons = self._decode(prompts, sampling, generator, routes)
@@ -452,7 +455,6 @@ class _RouteLog:
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> _RouteLog:
-        self.tap.set_replay(None)  # the engine's own routing, whatever a trainer forward left set
         self.trace = self._stack.enter_context(self.tap.tracing())
         return self
 

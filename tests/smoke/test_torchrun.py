@@ -53,16 +53,6 @@ def test_two_ranks_sample_from_the_synced_unsharded_copy(tmp_path):
         assert {"rollout", "scoring", "advantages", "update", "sync"} <= names, rank
 
 
-def test_two_ranks_with_dynamic_sampling(tmp_path):
-    """DAPO: a rank may need more sampling rounds than another (rounds of different widths are joined,
-    and a rank left with nothing makes every rank skip the step together instead of hanging)."""
-    proc = torchrun("dapo", *ARGS, "--out-dir", str(tmp_path))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    records = read_metrics(tmp_path / "metrics.jsonl")
-    assert [r["step"] for r in records] == [1, 2, 3]
-    assert all("train/groups_kept_frac" in r or r.get("train/empty_step") == 1.0 for r in records)
-
-
 def test_a_save_failing_on_one_rank_stops_every_rank(tmp_path):
     """Step 2's checkpoint fails on rank 1 only (disk full, injected): both ranks stop with the one
     error line instead of rank 0 waiting for rank 1 forever; step 1's checkpoint stays the newest."""
