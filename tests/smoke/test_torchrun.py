@@ -36,23 +36,6 @@ def torchrun(
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def test_two_ranks_sample_from_the_synced_unsharded_copy(tmp_path):
-    """The native engine of each rank runs an unsharded copy refreshed after every update: the rollout
-    log-probs equal the sharded trainer's on every step (a stale copy is off by ~0.1 from step 2 on)."""
-    proc = torchrun(*ARGS, "--trainer.profile-steps", "3:3", "--out-dir", str(tmp_path))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr
-    records = read_metrics(tmp_path / "metrics.jsonl")
-    assert [r["step"] for r in records] == [1, 2, 3]
-    assert all(r["rollout/logprob_diff_max"] < 1e-4 for r in records), records
-    assert records[-1]["actor/grad_norm"] > 0
-    assert (tmp_path / "final" / "model.safetensors").is_file()
-    for rank in (0, 1):  # --trainer.profile-steps: a Chrome trace per rank, the step's phases as ranges
-        trace = json.loads((tmp_path / "profile" / f"rank{rank}-steps3-3.json").read_text())
-        names = {event.get("name") for event in trace["traceEvents"]}
-        assert {"rollout", "scoring", "advantages", "update", "sync"} <= names, rank
-
-
 def test_a_save_failing_on_one_rank_stops_every_rank(tmp_path):
     """Step 2's checkpoint fails on rank 1 only (disk full, injected): both ranks stop with the one
     error line instead of rank 0 waiting for rank 1 forever; step 1's checkpoint stays the newest."""
@@ -69,15 +52,30 @@ def test_a_save_failing_on_one_rank_stops_every_rank(tmp_path):
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]
 
 
-def test_two_torchrun_agents_equal_one_agent_with_two_processes(tmp_path):
-    """Multi-node (issue 16, item 8): two agents (--nnodes 2, c10d rendezvous on localhost) run the same
-    SPMD job as one agent with 2 processes: same metrics, bit-identical final weights."""
+def test_two_ranks_sample_from_the_synced_copy_and_two_agents_equal_one(tmp_path):
+    """The native engine of each rank runs an unsharded copy refreshed after every update: the rollout
+    log-probs equal the sharded trainer's on every step (a stale copy is off by ~0.1 from step 2 on);
+    --trainer.profile-steps writes a Chrome trace per rank. Multi-node (issue 16, item 8): two agents
+    (--nnodes 2, c10d rendezvous on localhost) run the same SPMD job as that one agent with 2
+    processes: same metrics, bit-identical final weights."""
     import socket
 
     from tests.reliability.helpers import assert_same_run
 
-    proc = torchrun(*ARGS, "--out-dir", str(tmp_path / "one"))
+    args = [*ARGS, "--trainer.profile-steps", "3:3"]
+    one = tmp_path / "one"
+    proc = torchrun(*args, "--out-dir", str(one))
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    records = read_metrics(one / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["rollout/logprob_diff_max"] < 1e-4 for r in records), records
+    assert records[-1]["actor/grad_norm"] > 0
+    assert (one / "final" / "model.safetensors").is_file()
+    for rank in (0, 1):  # --trainer.profile-steps: a Chrome trace per rank, the step's phases as ranges
+        trace = json.loads((one / "profile" / f"rank{rank}-steps3-3.json").read_text())
+        names = {event.get("name") for event in trace["traceEvents"]}
+        assert {"rollout", "scoring", "advantages", "update", "sync"} <= names, rank
     with socket.socket() as s:  # a free port for the rendezvous
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
@@ -86,7 +84,7 @@ def test_two_torchrun_agents_equal_one_agent_with_two_processes(tmp_path):
     def agent(node: int) -> subprocess.Popen:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
                "--node_rank", str(node), "--rdzv_backend", "c10d", "--rdzv_endpoint", f"localhost:{port}",
-               "--rdzv_id", "two-agents", str(ROOT / "train.py"), *ARGS, "--out-dir", str(tmp_path / "two")]  # fmt: skip
+               "--rdzv_id", "two-agents", str(ROOT / "train.py"), *args, "--out-dir", str(tmp_path / "two")]  # fmt: skip
         return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                 start_new_session=True)  # fmt: skip
 
@@ -99,4 +97,4 @@ def test_two_torchrun_agents_equal_one_agent_with_two_processes(tmp_path):
                 os.killpg(launched.pid, signal.SIGKILL)
     for launched, (_, err) in zip(agents, outputs, strict=True):
         assert launched.returncode == 0, err[-3000:]
-    assert_same_run(tmp_path / "one", tmp_path / "two")
+    assert_same_run(one, tmp_path / "two")
