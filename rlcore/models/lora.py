@@ -47,8 +47,9 @@ def apply_lora(
         raise ValueError(f"LoRA rank {rank}: must be >= 1")
     missing = missing_targets(model, targets)
     if missing:
-        linears = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
-        raise ValueError(f"LoRA targets {missing} are not linear layers of the model; it has {linears}")
+        raise ValueError(
+            f"LoRA targets {missing} are not linear layers of the model; it has {_linear_names(model)}"
+        )
     config = LoraConfig(
         r=rank,
         lora_alpha=alpha,
@@ -75,8 +76,12 @@ def _default_targets(model: nn.Module) -> str | list[str]:
 
     if not is_moe(model):
         return "all-linear"
-    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
-    return sorted(names - {"lm_head"})
+    return [name for name in _linear_names(model) if name != "lm_head"]
+
+
+def _linear_names(model: nn.Module) -> list[str]:
+    """The names (last component, sorted, once each) of `model`'s `nn.Linear` layers."""
+    return sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
 
 
 def _peft_linear() -> type[nn.Module]:
