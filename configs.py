@@ -324,6 +324,13 @@ class TrainerConfig:
     attends over every token for heads / sp of the heads; the log-probs are gathered, so the loss and its
     global normalisers are unchanged. Token-budget micro-batches count whole sequences (each sp rank
     holds 1/sp of the tokens); shared-prompt packing is off under sp (its 4D mask spans a packed row)."""
+    ep: int = 1
+    """Expert parallelism (torchrun, a mixture of experts, with FSDP2): every MoE layer's experts split
+    over groups of this many neighbouring ranks, each rank holding 1/ep of them; each rank routes its own
+    tokens and an all-to-all carries them to the ranks holding their experts and back. The ep ranks stay
+    data-parallel ranks (FSDP2 shards the rest of the model over all of them; with more than one group
+    the expert shards are replicated across groups and their gradients summed). The engines sample from
+    an unsharded copy. Not with tp / sp."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -35,6 +35,7 @@ import os
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -100,18 +101,20 @@ def fwd_bwd_flops(rows: int, response: int) -> float:
     return linear + 6 * rows * seq**2 * s["hidden"] * s["layers"]
 
 
-def spawn(worker: str, directory: Path, *args) -> None:
-    """Run `worker(rank, directory, *args)` on WORLD gloo ranks, one thread each."""
+def spawn(worker: str | Callable[..., None], directory: Path, *args) -> None:
+    """Run `worker(rank, directory, *args)` on WORLD gloo ranks, one thread each (a name: this module's
+    function; another benchmark passes its own function)."""
     store = tempfile.mktemp(prefix=f"store-{worker}-", dir=directory)  # a fresh FileStore per spawn
     mp.spawn(_entry, args=(worker, store, str(directory), args), nprocs=WORLD, join=True)
 
 
-def _entry(rank: int, worker: str, store: str, directory: str, args: tuple) -> None:
+def _entry(rank: int, worker: str | Callable[..., None], store: str, directory: str, args: tuple) -> None:
     torch.set_num_threads(1)
     os.environ["TRANSFORMERS_VERBOSITY"] = "error"
+    os.environ["LOCAL_RANK"] = str(rank)
     dist.init_process_group("gloo", store=dist.FileStore(store, WORLD), rank=rank, world_size=WORLD)
     try:
-        globals()[worker](rank, Path(directory), *args)
+        (worker if callable(worker) else globals()[worker])(rank, Path(directory), *args)
     finally:
         dist.destroy_process_group()
 

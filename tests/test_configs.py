@@ -107,6 +107,11 @@ def test_former_refusals_are_valid(cfg):
         (with_(BASE, algo=AlgoConfig(router_replay="replay"), trainer=TrainerConfig(sp=2)), 2,
          "--algo.router-replay replay with --trainer.sp 2: sequence-parallel forwards do not replay routes"),
         (with_(BASE, algo=AlgoConfig(router_aux_coef=-1.0)), 1, "--algo.router-aux-coef -1.0: must be a number >= 0"),
+        (with_(BASE, trainer=TrainerConfig(ep=0)), 2, "--trainer.ep 0: must be >= 1 (1: off)"),
+        (with_(BASE, trainer=TrainerConfig(ep=2)), 1, "--trainer.ep 2 does not divide the world size (1): use an ep that does, under torchrun"),
+        (with_(BASE, trainer=TrainerConfig(ep=2), pipeline=PipelineConfig(placement="split")), 4,
+         "--trainer.ep 2 does not divide the trainer ranks (3)"),
+        (with_(BASE, trainer=TrainerConfig(ep=2, tp=2)), 4, "--trainer.ep 2 with --trainer.tp / --trainer.sp: not built; use ep with FSDP2 alone"),
     ],
 )  # fmt: skip
 def test_bad_values_name_flag_value_and_fix(cfg, world_size, message):
@@ -157,6 +162,27 @@ def test_the_model_must_split_by_tp_and_sp(tp, sp, message):
     ) == f"--trainer.tp {tp} --trainer.sp {sp} with --model.path {cfg.model.path}: {message}" + (
         "; use a tp that divides them" if sp == 1 else ""
     )
+
+
+@pytest.mark.parametrize(
+    ("path", "ep", "message"),
+    [
+        ("builtin:tiny-moe", 4, None),
+        ("builtin:tiny-moe", 3, "its 8 experts per layer do not divide over 3 ranks; use an ep that divides 8"),
+        (BASE.model.path, 2, "expert parallelism needs a mixture of experts (mixtral, olmoe, qwen2_moe, qwen3_moe); llama is dense"),
+    ],
+)  # fmt: skip
+def test_the_experts_must_split_by_ep(path, ep, message):
+    """Read from the model's config before any weights load (builtin:tiny-moe: 8 experts per layer)."""
+    from rlcore.trainer.models import check_mesh
+
+    cfg = with_(BASE, trainer=TrainerConfig(ep=ep), model=ModelConfig(path=path))
+    if message is None:
+        check_mesh(cfg)
+        return
+    with pytest.raises(ConfigError) as info:
+        check_mesh(cfg)
+    assert str(info.value) == f"--trainer.ep {ep} with --model.path {path}: {message}"
 
 
 def test_router_replay_needs_a_mixture_of_experts():

@@ -48,6 +48,7 @@ def apply_fsdp(
     reduce_dtype: torch.dtype | None = torch.float32,
     reshard_after_forward: bool = True,
     cpu_offload: bool = False,
+    ignored_params: set[nn.Parameter] | None = None,
 ) -> nn.Module:
     """Shard `model` in place with FSDP2 over `mesh` and return it (now an FSDPModule).
 
@@ -56,6 +57,8 @@ def apply_fsdp(
     `reshard_after_forward` applies to the decoder layers (the root keeps its parameters between
     forward and backward, as FSDP2 advises). `cpu_offload` keeps sharded parameters, gradients and
     the optimizer state in CPU memory (GPU only; the optimizer step then runs on CPU).
+    `ignored_params` stay as they are, neither sharded nor reduced (expert-parallel experts, which
+    `rlcore.dist.ep` shards and reduces).
     """
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cpu_offload else OffloadPolicy()
@@ -66,8 +69,10 @@ def apply_fsdp(
             mp_policy=mp,
             offload_policy=offload,
             reshard_after_forward=reshard_after_forward,
+            ignored_params=ignored_params,
         )
-    fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=False,
+                ignored_params=ignored_params)  # fmt: skip
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)  # sum, not mean: the loss carries the global normaliser

@@ -40,6 +40,10 @@ class MeshAxis(StrEnum):
     """Sequence parallel (Ulysses): each sequence's tokens split, all-to-all around attention (`rlcore.dist.ulysses`)."""
     TP = "tp"
     """Tensor parallel: each decoder layer's heads and MLP columns split (`rlcore.dist.tp`)."""
+    EP_REPLICATE = "ep_replicate"
+    """Expert parallel, the groups of ep ranks, which hold the same experts (`rlcore.dist.ep`)."""
+    EP = "ep"
+    """Expert parallel: the ranks of one group, each holding its share of every MoE layer's experts."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -4,6 +4,7 @@
     place(info, split=True, rollout_ranks=1)  # torchrun, W ranks: rank 0 rolls out, ranks 1..W-1 train
     place(info, tp=2, sp=2)                   # colocate on a mesh (dp_shard, sp, tp): 4 ranks share a batch
     place(info, split=True, tp=2)             # split: the trainer ranks on their own (dp_shard, tp) mesh
+    place(info, ep=2)                         # experts split over pairs of ranks (rlcore.dist.ep)
 
 Under split placement ranks [0, N) hold the rollout role (engine, rewards, prompts) and ranks [N, W)
 the trainer role (the policy sharded with FSDP2 over a mesh of the trainer ranks, reference and critic
@@ -21,6 +22,9 @@ data-parallel coordinate (rank and size of `mesh`, the dp_shard axis) that picks
 sampling seeds, `shard_mesh` is what FSDP2 shards over (dp_shard, flattened with sp: sp ranks hold the
 same parameters and sum their gradients), and `peers` is the group whose first rank's batch every peer
 trains (`rlcore.trainer.collect`).
+
+With expert parallelism the trainer ranks, data-parallel as without it, also form groups of ep
+neighbours that split every MoE layer's experts: `ep_mesh` is (ep_replicate, ep), or (ep,) for one group.
 
 Every rank calls `place` (creating groups is collective), with the same arguments.
 """
@@ -65,6 +69,8 @@ class Placement:
     """The tensor-parallel axis (None: tp 1)."""
     sp_mesh: DeviceMesh | None = None
     """The sequence-parallel axis (None: sp 1)."""
+    ep_mesh: DeviceMesh | None = None
+    """Expert parallelism: (ep_replicate, ep) over the trainer ranks, or (ep,) for one group (None: ep 1)."""
     peers: Any = None
     """tp / sp: the process group of this rank's peers (the ranks sharing its batch); None without."""
     trainers: Any = None
@@ -105,15 +111,19 @@ class Placement:
         return self.role != "trainer"
 
 
-def place(info: DistInfo, *, split: bool = False, rollout_ranks: int = 1, tp: int = 1, sp: int = 1) -> Placement:
+def place(
+    info: DistInfo, *, split: bool = False, rollout_ranks: int = 1, tp: int = 1, sp: int = 1, ep: int = 1
+) -> Placement:
     """The placement of this rank (a collective under torchrun: every rank calls it alike)."""
     everyone = tuple(range(info.world_size))
+    if ep > 1 and tp * sp > 1:
+        raise ValueError("expert parallelism with tp or sp is not built; use --trainer.ep with FSDP2 alone")
     if not split:
         if tp * sp > 1:
             return _model_parallel(info, tp=tp, sp=sp)
         mesh = build_mesh(info)
         return Placement(role="both", rollout_ranks=everyone, trainer_ranks=everyone, local=info, mesh=mesh,
-                         shard_mesh=mesh)  # fmt: skip
+                         shard_mesh=mesh, ep_mesh=_ep_mesh(info, everyone, ep))  # fmt: skip
     n, w = rollout_ranks, info.world_size
     if not 1 <= n < w:
         raise ValueError(f"split placement needs 1 <= rollout ranks ({n}) < world size ({w})")
@@ -125,6 +135,7 @@ def place(info: DistInfo, *, split: bool = False, rollout_ranks: int = 1, tp: in
     meshes = {"rollout": _mesh(info.device.type, rollout)}
     axes = _model_axes(info, trainer, tp=tp, sp=sp)  # every rank builds them: making groups is collective
     meshes["trainer"] = None if tp * sp > 1 else _mesh(info.device.type, trainer)  # tp: in `axes`
+    experts = _ep_mesh(info, trainer, ep)
     groups = {
         "trainers": dist.new_group(list(trainer), timeout=WAIT),
         "data": dist.new_group(list(everyone), timeout=WAIT),
@@ -139,7 +150,8 @@ def place(info: DistInfo, *, split: bool = False, rollout_ranks: int = 1, tp: in
     ranks = rollout if role == "rollout" else trainer
     local = dataclasses.replace(info, rank=ranks.index(info.rank), world_size=len(ranks))
     return Placement(role=role, rollout_ranks=rollout, trainer_ranks=trainer, local=local, mesh=meshes[role],
-                     shard_mesh=meshes[role] if role == "trainer" else None, peer_size=tp * sp, **groups)  # fmt: skip
+                     shard_mesh=meshes[role] if role == "trainer" else None, peer_size=tp * sp,
+                     ep_mesh=experts if role == "trainer" else None, **groups)  # fmt: skip
 
 
 def _model_parallel(info: DistInfo, *, tp: int, sp: int) -> Placement:
@@ -199,6 +211,19 @@ def as_world(group: Any) -> Iterator[None]:
     finally:
         if c10d._world.default_pg is group:  # a library that destroyed its world leaves None
             c10d._world.default_pg = world
+
+
+def _ep_mesh(info: DistInfo, ranks: tuple[int, ...], ep: int) -> DeviceMesh | None:
+    """(ep_replicate, ep) over `ranks` (consecutive, ep neighbours per group), (ep,) for one group; None
+    for ep 1. Built on every rank of the world, members or not (making its groups is collective)."""
+    if ep == 1:
+        return None
+    if len(ranks) % ep:
+        raise ValueError(f"expert parallelism: ep ({ep}) must divide the trainer ranks ({len(ranks)})")
+    layout = arange(ranks[0], ranks[-1] + 1).reshape(-1, ep)
+    if layout.shape[0] == 1:
+        return DeviceMesh(info.device.type, layout[0], mesh_dim_names=(MeshAxis.EP.value,))
+    return DeviceMesh(info.device.type, layout, mesh_dim_names=(MeshAxis.EP_REPLICATE.value, MeshAxis.EP.value))
 
 
 def _mesh(device_type: str, ranks: tuple[int, ...]) -> DeviceMesh | None:

@@ -47,7 +47,7 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm, StepPlan]:
     agent_files = agents.load_agent_files(cfg)  # a bad env / tools file stops here, before any model loads
     p = cfg.pipeline
     placement = place(info, split=p.placement == "split", rollout_ranks=p.rollout_ranks, tp=cfg.trainer.tp,
-                      sp=cfg.trainer.sp)  # fmt: skip
+                      sp=cfg.trainer.sp, ep=cfg.trainer.ep)  # fmt: skip
     dist, mesh, trains, generates = placement.local, placement.mesh, placement.trains, placement.generates
     threads = {"trainer": p.trainer_threads, "rollout": p.rollout_threads}.get(placement.role, 0)
     if threads:

@@ -55,7 +55,8 @@ def build_policy(cfg: Config, placement: Any) -> Any:
 
 def shard(model: Any, placement: Any) -> Any:
     """`model` split in place over the placement's axes: tensor parallel (rlcore.dist.tp), then Ulysses
-    attention (rlcore.dist.ulysses), then FSDP2 over the shard mesh; a plain module for one process."""
+    attention (rlcore.dist.ulysses), expert parallel (rlcore.dist.ep), then FSDP2 over the shard mesh
+    (the experts left to ep); a plain module for one process."""
     if placement.tp_mesh is not None:
         from rlcore.dist.tp import apply_tp
 
@@ -64,10 +65,16 @@ def shard(model: Any, placement: Any) -> Any:
         from rlcore.dist.ulysses import apply_sp
 
         apply_sp(model, placement.sp_mesh)
+    experts = None
+    if placement.ep_mesh is not None:
+        from rlcore.dist.ep import apply_ep, expert_params
+
+        apply_ep(model, placement.ep_mesh)
+        experts = expert_params(model)
     if placement.shard_mesh is not None:
         from rlcore.dist.fsdp import apply_fsdp
 
-        apply_fsdp(model, placement.shard_mesh)  # each decoder layer, then the root
+        apply_fsdp(model, placement.shard_mesh, ignored_params=experts)  # each decoder layer, then the root
     return model
 
 
@@ -180,8 +187,15 @@ def _moe_on_cpu(path: str) -> str | None:
 
 def check_mesh(cfg: Config) -> None:
     """Refuse, before any model is loaded, --trainer.tp / --trainer.sp that the model's heads, KV heads
-    or MLP width cannot be split by (one line naming the factor)."""
+    or MLP width cannot be split by, and --trainer.ep on a dense model or one whose experts it does not
+    divide (one line naming the factor)."""
     t = cfg.trainer
+    if t.ep > 1:
+        from rlcore.dist.ep import ep_problem
+
+        problem = ep_problem(_model_config(cfg.model.path), t.ep)
+        if problem:
+            raise ConfigError(f"--trainer.ep {t.ep} with --model.path {cfg.model.path}: {problem}")
     if t.tp * t.sp == 1:
         return
     from rlcore.dist.tp import tp_problem

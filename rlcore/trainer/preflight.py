@@ -77,8 +77,10 @@ def _check_mesh(cfg: Config, world_size: int) -> None:
     from rlcore.dist.mesh import mesh_problem
 
     t = cfg.trainer
-    for flag, n in (("tp", t.tp), ("sp", t.sp)):
+    for flag, n in (("tp", t.tp), ("sp", t.sp), ("ep", t.ep)):
         need(n >= 1, f"--trainer.{flag} {n}: must be >= 1 (1: off)")
+    if t.ep > 1:
+        _check_ep(cfg, world_size)
     if t.tp * t.sp == 1:
         return
     flags = " ".join(f"--trainer.{k} {n}" for k, n in (("tp", t.tp), ("sp", t.sp)) if n > 1)
@@ -97,6 +99,22 @@ def _check_mesh(cfg: Config, world_size: int) -> None:
     else:
         problem = mesh_problem(world_size, tp=t.tp, sp=t.sp)
         need(problem is None, f"{flags}: {problem}")
+
+
+def _check_ep(cfg: Config, world_size: int) -> None:
+    """--trainer.ep: with FSDP2 alone, dividing the ranks that train."""
+    t = cfg.trainer
+    need(
+        t.tp * t.sp == 1,
+        f"--trainer.ep {t.ep} with --trainer.tp / --trainer.sp: not built; use ep with FSDP2 alone",
+    )
+    split = cfg.pipeline.placement == "split"
+    trainers = world_size - cfg.pipeline.rollout_ranks if split else world_size
+    need(
+        trainers % t.ep == 0,
+        f"--trainer.ep {t.ep} does not divide the {'trainer ranks' if split else 'world size'} ({trainers}): "
+        f"use an ep that does, under torchrun",
+    )
 
 
 def _check_pipeline(cfg: Config, world_size: int) -> None:

@@ -69,6 +69,12 @@ SCENARIOS = [
     # the model defines it), so the reference runs the ranks' micro-batches: 2 consecutive rows
     dict(name="moe", algo=AlgoConfig(loss_agg="token-mean", micro_batch_size=2, router_aux_coef=0.1),
          ref_micro=2, moe=True),  # fmt: skip
+    # the same with its experts split over the 2 ranks (expert parallelism, all-to-all dispatch), and
+    # with them replicated over 2 groups of 1 (the gradient summed across groups, as with 4 ranks, ep 2)
+    dict(name="moe_ep", algo=AlgoConfig(loss_agg="token-mean", micro_batch_size=2, router_aux_coef=0.1),
+         ref_micro=2, moe=True, ep=(1, 2)),  # fmt: skip
+    dict(name="moe_ep_replicated", algo=AlgoConfig(loss_agg="token-mean", micro_batch_size=2),
+         ref_micro=2, moe=True, ep=(2, 1)),  # fmt: skip
     # hybrid shard (replicate 2 x shard 1), seq-mean-token-sum-norm, gradient clipping active
     dict(
         name="hybrid",

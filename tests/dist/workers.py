@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.device_mesh import DeviceMesh
 
 from configs import AlgoConfig, OptimConfig
 from rlcore.batch import Batch
@@ -24,12 +25,14 @@ from rlcore.dist import (
     save_checkpoint,
     save_hf_pretrained,
 )
+from rlcore.dist.ep import apply_ep, expert_params
 from rlcore.models import load_policy
 from rlcore.models.forward import compute_logprobs, micro_batches
 from tests.configured import new_state, update
 from tests.configured import update as update_step  # noqa: F401  (the tests call workers.update_step)
 
 WORLD = 2
+EP_AXES = ("ep_replicate", "ep")
 
 
 def spawn(worker: str, directory: Path, *args) -> None:
@@ -90,7 +93,11 @@ def update_scenarios(rank: int, directory: Path, scenarios: list[dict]) -> None:
     for sc in scenarios:
         mesh = build_mesh(info, replicate=sc["replicate"])
         model = scenario_model(sc)
-        apply_fsdp(model, mesh)
+        experts = None
+        if sc.get("ep"):  # experts over an (ep_replicate, ep) mesh of the 2 ranks, FSDP2 for the rest
+            apply_ep(model, DeviceMesh("cpu", torch.arange(WORLD).view(sc["ep"]), mesh_dim_names=EP_AXES))
+            experts = expert_params(model)
+        apply_fsdp(model, mesh, ignored_params=experts)
         state = new_state(model, sc["optim"])
         prompts = sc["algo"].mini_batch_size or len(batch) // sc["n"]
         rows = Batch.from_dict(torch.load(directory / "batch_moe.pt", weights_only=True)) if sc.get("moe") else batch
