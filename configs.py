@@ -44,7 +44,9 @@ class ModelConfig:
     lora_dropout: float = 0.0
     """Dropout on the LoRA branch's input."""
     lora_targets: tuple[str, ...] = ()
-    """Module names to adapt (e.g. q_proj v_proj); empty: every linear layer of attention and MLP."""
+    """Module names to adapt (e.g. q_proj v_proj), and on a mixture of experts its fused expert tensors
+    (experts.gate_up_proj experts.down_proj: one adapter pair per expert); empty: every linear layer of
+    attention and MLP, and the expert tensors."""
 
 
 @dataclass(frozen=True, kw_only=True)

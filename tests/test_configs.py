@@ -111,6 +111,10 @@ def test_former_refusals_are_valid(cfg):
         (with_(BASE, trainer=TrainerConfig(ep=2)), 1, "--trainer.ep 2 does not divide the world size (1): use an ep that does, under torchrun"),
         (with_(BASE, trainer=TrainerConfig(ep=2), pipeline=PipelineConfig(placement="split")), 4,
          "--trainer.ep 2 does not divide the trainer ranks (3)"),
+        (with_(BASE, trainer=TrainerConfig(ep=2), model=ModelConfig(lora_rank=8)), 2,
+         "--trainer.ep 2 with --model.lora-rank 8: adapters on expert-parallel experts are not built; name linear targets"),
+        (with_(BASE, trainer=TrainerConfig(ep=2), model=ModelConfig(lora_rank=8, lora_targets=("q_proj", "experts.down_proj"))), 2,
+         "--trainer.ep 2 with --model.lora-rank 8: adapters on expert-parallel experts are not built"),
         (with_(BASE, trainer=TrainerConfig(ep=2, tp=2)), 4, "--trainer.ep 2 with --trainer.tp / --trainer.sp: not built; use ep with FSDP2 alone"),
     ],
 )  # fmt: skip

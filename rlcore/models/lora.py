@@ -8,7 +8,10 @@
 
 `apply_lora` wraps the targeted `nn.Linear` layers in place (`peft.get_peft_model`) and returns the
 Hugging Face module itself, now holding `peft` LoRA layers: the trainer, the engine and the forward
-passes keep calling it as before. Base weights are frozen (`requires_grad=False`), so the optimizer
+passes keep calling it as before. A mixture of experts' fused 3-D expert tensors (`experts.gate_up_proj`
+(E, 2i, h), `experts.down_proj` (E, h, i)) take adapters too, one low-rank pair per expert (peft's
+`target_parameters`: A (E r, in), B (out, E r); the delta of expert e is B_e A_e x alpha / r, folded
+into the weight for each forward); they are targeted by those two names, and by default. Base weights are frozen (`requires_grad=False`), so the optimizer
 (`build_optimizer`) and the checkpoints (DCP without frozen parameters) hold the adapters only.
 """
 
@@ -16,12 +19,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
+
+_WRAPPED = re.compile(r"(\.base_layer)+\.")
 
 ADAPTER = "default"
 """The adapter's name inside peft's layers (parameters `lora_A.default.weight`, ...)."""
@@ -48,13 +54,21 @@ def apply_lora(
     missing = missing_targets(model, targets)
     if missing:
         raise ValueError(
-            f"LoRA targets {missing} are not linear layers of the model; it has {_linear_names(model)}"
+            f"LoRA targets {missing} are not linear layers of the model; it has {_target_names(model)}"
+        )
+    chosen = list(targets) or _default_targets(model)
+    modules, params = _split_targets(model, chosen)
+    if params and dropout > 0:
+        raise ValueError(
+            f"the expert tensors {params} take no LoRA dropout (their adapter folds into the weight); "
+            "use --model.lora-dropout 0, or target linear layers only"
         )
     config = LoraConfig(
         r=rank,
         lora_alpha=alpha,
         lora_dropout=dropout,
-        target_modules=list(targets) or _default_targets(model),
+        target_modules=modules,
+        target_parameters=params or None,
         bias="none",
     )
     device = next(model.parameters()).device
@@ -69,19 +83,41 @@ def apply_lora(
 
 
 def _default_targets(model: nn.Module) -> str | list[str]:
-    """peft's "all-linear"; for a mixture of experts its `nn.Linear` layers by name, so that the fused
-    3-D expert tensors (which "all-linear" wraps too) stay frozen: merging their adapters into an
-    engine's copy is not built yet."""
-    from rlcore.models.moe import is_moe
-
-    if not is_moe(model):
+    """peft's "all-linear"; for a mixture of experts its `nn.Linear` layers by name and its fused
+    expert tensors (`EXPERT_TARGETS`)."""
+    experts = _expert_targets(model)
+    if not experts:
         return "all-linear"
-    return [name for name in _linear_names(model) if name != "lm_head"]
+    return [name for name in _linear_names(model) if name != "lm_head"] + experts
+
+
+EXPERT_TARGETS = ("experts.gate_up_proj", "experts.down_proj")
+"""The target names of a mixture of experts' fused expert tensors (module `experts`, parameter)."""
+
+
+def _expert_targets(model: nn.Module) -> list[str]:
+    """The `EXPERT_TARGETS` `model` holds (a dense model: none)."""
+    from rlcore.dist.ep import expert_modules
+
+    return list(EXPERT_TARGETS) if expert_modules(model) else []
+
+
+def _split_targets(model: nn.Module, targets: str | list[str]) -> tuple[str | list[str], list[str]]:
+    """(module targets, parameter targets) of `targets` for peft's `target_modules` / `target_parameters`."""
+    if isinstance(targets, str):
+        return targets, []
+    params = [t for t in targets if t in EXPERT_TARGETS]
+    return [t for t in targets if t not in params], params
 
 
 def _linear_names(model: nn.Module) -> list[str]:
     """The names (last component, sorted, once each) of `model`'s `nn.Linear` layers."""
     return sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+
+
+def _target_names(model: nn.Module) -> list[str]:
+    """What `apply_lora` can target in `model`: its linear layers' names, then its expert tensors."""
+    return _linear_names(model) + _expert_targets(model)
 
 
 def _peft_linear() -> type[nn.Module]:
@@ -138,8 +174,9 @@ def _plain(layer: nn.Module, adapters: list[str], x: Tensor) -> bool:
 
 
 def missing_targets(model: nn.Module, targets: Sequence[str]) -> list[str]:
-    """The targets that name no `nn.Linear` of `model` (by the last part of its module name)."""
-    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    """The targets that name no `nn.Linear` of `model` (by the last part of its module name) and no
+    expert tensor of it."""
+    names = set(_target_names(model))
     return [t for t in targets if t not in names]
 
 
@@ -168,8 +205,9 @@ def adapter_disabled(model: nn.Module) -> Iterator[None]:
 
 
 def base_name(name: str) -> str:
-    """A parameter's name in the base model: `x.q_proj.base_layer.weight` -> `x.q_proj.weight`."""
-    return name.replace(".base_layer.", ".")
+    """A parameter's name in the base model: `x.q_proj.base_layer.weight` -> `x.q_proj.weight` (nested
+    wrappers too: two expert tensors of one module, `x.experts.base_layer.base_layer.down_proj`)."""
+    return _WRAPPED.sub(".", name)
 
 
 def base_state(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
@@ -187,15 +225,21 @@ def merged_state(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
     each tied tensor once; the adapter's own parameters are left out."""
     from rlcore.dist.stream import unique_state
 
-    layers = {name: m for name, m in model.named_modules() if _is_lora_layer(m)}
+    adapted = {id(_adapted(m)): m for m in model.modules() if _is_lora_layer(m)}
     for name, value in unique_state(model):
         if ".lora_" in name:
             continue
-        owner = name.rsplit(".base_layer.", 1)[0]
-        if owner in layers and name.endswith(".base_layer.weight"):
+        layer = adapted.get(id(value))
+        if layer is not None:
             with torch.no_grad():
-                value = value.detach() + layers[owner].get_delta_weight(ADAPTER).to(value.dtype)
+                value = value.detach() + layer.get_delta_weight(ADAPTER).to(value.dtype)
         yield base_name(name), value.detach()
+
+
+def _adapted(layer: nn.Module) -> Tensor:
+    """The base parameter a LoRA layer adapts: a linear layer's weight, or an expert tensor."""
+    get_param = getattr(layer, "get_param", None)  # peft's ParamWrapper (`target_parameters`)
+    return get_param() if get_param is not None else layer.get_base_layer().weight
 
 
 def adapter_params(model: nn.Module) -> Iterator[tuple[str, Tensor]]:

@@ -108,6 +108,14 @@ def _check_ep(cfg: Config, world_size: int) -> None:
         t.tp * t.sp == 1,
         f"--trainer.ep {t.ep} with --trainer.tp / --trainer.sp: not built; use ep with FSDP2 alone",
     )
+    from rlcore.models.lora import EXPERT_TARGETS
+
+    m = cfg.model
+    need(
+        m.lora_rank == 0 or (bool(m.lora_targets) and not set(m.lora_targets) & set(EXPERT_TARGETS)),
+        f"--trainer.ep {t.ep} with --model.lora-rank {m.lora_rank}: adapters on expert-parallel experts are not "
+        "built; name linear targets (--model.lora-targets q_proj k_proj v_proj o_proj), or use ep 1",
+    )
     split = cfg.pipeline.placement == "split"
     trainers = world_size - cfg.pipeline.rollout_ranks if split else world_size
     need(

@@ -73,6 +73,10 @@ SCENARIOS = [
     # with them replicated over 2 groups of 1 (the gradient summed across groups, as with 4 ranks, ep 2)
     dict(name="moe_ep", algo=AlgoConfig(loss_agg="token-mean", micro_batch_size=2, router_aux_coef=0.1),
          ref_micro=2, moe=True, ep=(1, 2)),  # fmt: skip
+    # LoRA on a mixture of experts: adapters on its linear layers and one pair per expert of its fused
+    # expert tensors, which FSDP2 shards with the frozen base
+    dict(name="moe_lora", algo=AlgoConfig(loss_agg="token-mean", micro_batch_size=2), ref_micro=2, moe=True,
+         lora=True),  # fmt: skip
     dict(name="moe_ep_replicated", algo=AlgoConfig(loss_agg="token-mean", micro_batch_size=2),
          ref_micro=2, moe=True, ep=(2, 1)),  # fmt: skip
     # hybrid shard (replicate 2 x shard 1), seq-mean-token-sum-norm, gradient clipping active
@@ -161,7 +165,7 @@ def test_two_ranks_equal_one_process(results, name):
     assert set(ranks["weights"]) == {"model.embed_tokens.weight"} | {
         k for k in weights if k != "lm_head.weight"
     }  # tied lm_head sent once
-    moved, frozen_moved = 0.0, 0.0
+    moved, frozen_moved, experts_moved = 0.0, 0.0, 0.0
     initial = workers.scenario_model(sc).state_dict()
     for key, value in ranks["weights"].items():
         torch.testing.assert_close(value, weights[key], atol=1e-6, rtol=0, msg=key)
@@ -169,5 +173,8 @@ def test_two_ranks_equal_one_process(results, name):
         moved = max(moved, change)
         if sc.get("lora") and ".lora_" not in key:
             frozen_moved = max(frozen_moved, change)
+        if ".experts." in key:
+            experts_moved = max(experts_moved, change)
     assert moved > 1e-3  # the step changed the weights (lr 1e-2)
+    assert experts_moved > 1e-3 or not sc.get("moe")  # the experts (or their adapters) trained too
     assert frozen_moved == 0.0  # LoRA: the base stays where it was

@@ -263,22 +263,34 @@ def test_a_replay_ends_with_the_pass_that_set_it():
     assert again["responses"].shape[0] == 4
 
 
-def test_lora_on_a_mixture_of_experts_adapts_its_linear_layers_and_merges_into_a_plain_copy():
-    """The fused expert tensors stay frozen (merging their adapters is not built); every adapted layer
-    merges into the engine's plain copy, which then computes what the adapted model computes."""
+@pytest.mark.parametrize("targets", [(), ("experts.down_proj",)])
+def test_lora_on_a_mixture_of_experts_merges_into_a_plain_copy(targets):
+    """By default the linear layers and the fused expert tensors take adapters (one low-rank pair per
+    expert); every adapted tensor merges into the engine's plain copy, which then computes what the
+    adapted model computes; its expert adapters get gradients. A target list may name one expert tensor."""
     from rlcore.models.lora import apply_lora, merged_state
     from rlcore.rollout.native import load_named
 
     model, _ = load_policy("builtin:tiny-moe")
     plain, _ = load_policy("builtin:tiny-moe")
-    adapted = apply_lora(model, rank=4, alpha=8.0, dropout=0.0, targets=(), seed=0)
+    adapted = apply_lora(model, rank=4, alpha=8.0, dropout=0.0, targets=targets, seed=0)
     trained = [n for n, p in adapted.named_parameters() if p.requires_grad]
-    assert trained and all(".lora_" in n and ".experts." not in n for n in trained)
+    assert trained and all(".lora_" in n for n in trained)
+    experts = {n for n in trained if ".experts." in n}
+    assert len(experts) == 4 * (2 if targets else 4)  # layers x (A, B) x expert tensors adapted
     with torch.no_grad():
         for name, p in adapted.named_parameters():
             if "lora_B" in name:
                 p.normal_(0.0, 0.1)
-    load_named(plain, merged_state(adapted))
+    merged = dict(merged_state(adapted))
+    assert set(merged) == set(plain.state_dict()) - {"lm_head.weight"}  # tied: sent once
+    load_named(plain, merged.items())
     ids = torch.tensor([[5, 9, 13, 20, 31]])
     with torch.no_grad():
         assert torch.allclose(plain(input_ids=ids).logits, adapted(input_ids=ids).logits, atol=1e-5)
+    adapted(input_ids=ids).logits.sum().backward()
+    assert all(float(p.grad.abs().sum()) > 0 for n, p in adapted.named_parameters() if n in experts)
+    expert = "model.layers.0.mlp.experts.down_proj"
+    assert not torch.equal(
+        merged[expert], dict(load_policy("builtin:tiny-moe")[0].named_parameters())[expert]
+    )
