@@ -129,9 +129,7 @@ def _ep_forward(
     rows = _AllToAll.apply(hidden_states[order // k], sizes.recv, sizes.send, group)  # by source, then expert
     by_expert = _expert_major(received.view(ranks, local), sizes.total)  # rows -> expert-major order
     out = _local_experts(experts, rows[by_expert], gate_up, down, sizes.per_expert)
-    back = _AllToAll.apply(
-        out[torch.argsort(by_expert)], sizes.send, sizes.recv, group
-    )  # (N k, h) in `order`
+    back = _AllToAll.apply(out[torch.argsort(by_expert)], sizes.send, sizes.recv, group)  # (N k, h), `order`
     weighted = back * top_k_weights.reshape(-1)[order, None]
     final = torch.zeros_like(hidden_states)
     return final.index_add(0, order // k, weighted.to(final.dtype))

@@ -69,10 +69,11 @@ SCENARIOS = [
     # the model defines it), so the reference runs the ranks' micro-batches: 2 consecutive rows
     dict(name="moe", algo=AlgoConfig(loss_agg="token-mean", micro_batch_size=2, router_aux_coef=0.1),
          ref_micro=2, moe=True),  # fmt: skip
-    # the same with its experts split over the 2 ranks (expert parallelism, all-to-all dispatch), and
-    # with them replicated over 2 groups of 1 (the gradient summed across groups, as with 4 ranks, ep 2)
+    # the same with its experts split over the 2 ranks (expert parallelism, all-to-all dispatch; with
+    # activation checkpointing, so the backward's recompute runs the all-to-alls again), and with them
+    # replicated over 2 groups of 1 (the gradient summed across groups, as with 4 ranks, ep 2)
     dict(name="moe_ep", algo=AlgoConfig(loss_agg="token-mean", micro_batch_size=2, router_aux_coef=0.1),
-         ref_micro=2, moe=True, ep=(1, 2)),  # fmt: skip
+         ref_micro=2, moe=True, ep=(1, 2), checkpointing=True),  # fmt: skip
     # LoRA on a mixture of experts: adapters on its linear layers and one pair per expert of its fused
     # expert tensors, which FSDP2 shards with the frozen base
     dict(name="moe_lora", algo=AlgoConfig(loss_agg="token-mean", micro_batch_size=2), ref_micro=2, moe=True,

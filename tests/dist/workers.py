@@ -15,6 +15,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from configs import AlgoConfig, OptimConfig
 from rlcore.batch import Batch
 from rlcore.dist import (
+    apply_activation_checkpointing,
     apply_fsdp,
     build_mesh,
     gathered_state,
@@ -94,6 +95,8 @@ def update_scenarios(rank: int, directory: Path, scenarios: list[dict]) -> None:
         mesh = build_mesh(info, replicate=sc["replicate"])
         model = scenario_model(sc)
         experts = None
+        if sc.get("checkpointing"):  # the backward recomputes each layer: its all-to-alls again
+            apply_activation_checkpointing(model)
         if sc.get("ep"):  # experts over an (ep_replicate, ep) mesh of the 2 ranks, FSDP2 for the rest
             apply_ep(model, DeviceMesh("cpu", torch.arange(WORLD).view(sc["ep"]), mesh_dim_names=EP_AXES))
             experts = expert_params(model)
