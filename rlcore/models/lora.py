@@ -11,8 +11,9 @@ Hugging Face module itself, now holding `peft` LoRA layers: the trainer, the eng
 passes keep calling it as before. A mixture of experts' fused 3-D expert tensors (`experts.gate_up_proj`
 (E, 2i, h), `experts.down_proj` (E, h, i)) take adapters too, one low-rank pair per expert (peft's
 `target_parameters`: A (E r, in), B (out, E r); the delta of expert e is B_e A_e x alpha / r, folded
-into the weight for each forward); they are targeted by those two names, and by default. Base weights are frozen (`requires_grad=False`), so the optimizer
-(`build_optimizer`) and the checkpoints (DCP without frozen parameters) hold the adapters only.
+into the weight for each forward); they are targeted by those two names, and by default. Base weights
+are frozen (`requires_grad=False`), so the optimizer (`build_optimizer`) and the checkpoints (DCP
+without frozen parameters) hold the adapters only.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def apply_lora(
             f"LoRA targets {missing} are not linear layers of the model; it has {_target_names(model)}"
         )
     chosen = list(targets) or _default_targets(model)
-    modules, params = _split_targets(model, chosen)
+    modules, params = _split_targets(chosen)
     if params and dropout > 0:
         raise ValueError(
             f"the expert tensors {params} take no LoRA dropout (their adapter folds into the weight); "
@@ -102,7 +103,7 @@ def _expert_targets(model: nn.Module) -> list[str]:
     return list(EXPERT_TARGETS) if expert_modules(model) else []
 
 
-def _split_targets(model: nn.Module, targets: str | list[str]) -> tuple[str | list[str], list[str]]:
+def _split_targets(targets: str | list[str]) -> tuple[str | list[str], list[str]]:
     """(module targets, parameter targets) of `targets` for peft's `target_modules` / `target_parameters`."""
     if isinstance(targets, str):
         return targets, []
