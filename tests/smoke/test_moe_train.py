@@ -93,3 +93,21 @@ def test_lora_on_the_experts_pushes_merged_experts_to_the_engine(tmp_path) -> No
     base = dict(load_policy("builtin:tiny-moe")[0].named_parameters())
     expert = "model.layers.0.mlp.experts.gate_up_proj"
     assert (final[expert] - base[expert]).abs().max() > 1e-4  # merged: the experts moved
+
+
+def test_expert_parallel_trainer_ranks_under_split_placement(tmp_path) -> None:
+    """torchrun, 3 gloo ranks, split placement: 1 rollout rank and 2 trainer ranks splitting the experts
+    (the ep mesh is built over the trainer ranks, on every rank). K = 0: the rollout rank samples from
+    the weights the trainer ranks pushed (their expert shards gathered whole), so the rollout/trainer gap
+    stays at float32 rounding and the replayed routes are the trainer's own at every step."""
+    from tests.smoke.test_torchrun import torchrun
+
+    proc = torchrun("--data.batch-size", "4", "--rollout.n", "4", "--rollout.max-tokens", "8", "--trainer.steps", "3",
+                    "--trainer.val-every", "0", "--log.no-progress", "--optim.lr", "1e-2", *MOE, "--algo.router-replay",
+                    "replay", "--trainer.ep", "2", "--pipeline.placement", "split", "--out-dir", str(tmp_path), nproc=3)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["sync/bytes"] > 0 for r in records)
+    assert all(r["rollout/logprob_diff_max"] < 1e-4 for r in records), records
+    assert all(r["rollout/router_agreement"] == 1.0 for r in records)
