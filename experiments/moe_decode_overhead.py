@@ -1,19 +1,17 @@
-"""How much a lean MoE decode step could save: the Hugging Face MoE step against dense steps of equal active FLOPs.
+"""The MoE decode step: Hugging Face's and the lean one, against dense steps of equal active FLOPs.
 
     .venv/bin/python experiments/moe_decode_overhead.py            # ~2 minutes, 1 thread
     .venv/bin/python experiments/moe_decode_overhead.py --quick    # small models, ~20 s
 
-Issue 36 asks for a lean MoE decode step, or the Hugging Face step if that measures no worse. There is no
-lean MoE step yet; this measures the room one would have. Three rollouts of 8 prompts x 4 samples
+Issue 36 asks for a lean MoE decode step, or the Hugging Face step if that measures no worse. Four rollouts of 8 prompts x 4 samples
 (32 rows), 32 new tokens at temperature 1, by `NativeEngine`:
-- **moe-hf**: bench_moe's random-100m Qwen3-MoE (16 experts of width 384, top-2), the Hugging Face step
-  (the only MoE step there is);
+- **moe-hf** and **moe-lean**: bench_moe's random-100m Qwen3-MoE (16 experts of width 384, top-2), with
+  the Hugging Face step and with `rlcore.rollout.lean` (its attention, each layer's own sparse block);
 - **dense-hf** and **dense-lean**: a random Qwen3 with the same attention, embeddings and layers and a
   dense MLP of width 768 (= top-2 x 384: the MoE's active MLP FLOPs per token), with the Hugging Face
   step and with `rlcore.rollout.lean`.
-dense-hf / dense-lean is what the lean step saves on a dense model of this shape; moe-hf / dense-lean
-bounds what a lean MoE step could reach if its experts cost no more than the dense MLP of equal FLOPs
-(they cost more: a loop over the experts hit). Median of `--repeats` runs, each after one warm-up.
+dense-hf / dense-lean is what the lean step saves on a dense model of this shape, moe-hf / moe-lean what
+it saves on the MoE; moe-lean / dense-lean is what the experts cost beyond a dense MLP of equal FLOPs. Median of `--repeats` runs, each after one warm-up.
 """
 
 from __future__ import annotations
@@ -45,16 +43,17 @@ def dense_twin(sizes: dict) -> torch.nn.Module:
     return AutoModelForCausalLM.from_config(config).eval()
 
 
-def timed(engine: NativeEngine, prompts, sampling: SamplingParams, repeats: int) -> tuple[float, int]:
-    """(median seconds, response tokens) of `repeats` generates after one warm-up."""
+def timed(
+    engine: NativeEngine, prompts, sampling: SamplingParams, repeats: int
+) -> tuple[float, torch.Tensor]:
+    """(median seconds, the sampled responses) of `repeats` generates after one warm-up."""
     engine.generate(prompts, sampling)
-    times, tokens = [], 0
+    times = []
     for _ in range(repeats):
         start = time.perf_counter()
         out = engine.generate(prompts, sampling)
         times.append(time.perf_counter() - start)
-        tokens = int(out["response_mask"].sum())
-    return statistics.median(times), tokens
+    return statistics.median(times), out["responses"] * out["response_mask"], int(out["response_mask"].sum())
 
 
 def main() -> None:
@@ -70,6 +69,7 @@ def main() -> None:
     moe, dense = random_moe(sizes, torch.float32), dense_twin(sizes)
     engines = {
         "moe-hf": NativeEngine(moe, _Tok(), lean=False),
+        "moe-lean": NativeEngine(moe, _Tok(), lean=True),
         "dense-hf": NativeEngine(dense, _Tok(), lean=False),
         "dense-lean": NativeEngine(dense, _Tok(), lean=True),
     }
@@ -79,8 +79,11 @@ def main() -> None:
     print(f"torch {torch.__version__}, {args.threads} thread(s), 32 rows x 32 new tokens")
     print("| rollout | s (median) | response tokens | tok/s | / dense-lean |")
     print("|---|---|---|---|---|")
-    for name, (seconds, tokens) in results.items():
+    for name, (seconds, _, tokens) in results.items():
         print(f"| {name} | {seconds:.3f} | {tokens} | {tokens / seconds:.0f} | {seconds / lean:.2f}x |")
+    for kind in ("moe", "dense"):
+        same = torch.equal(results[f"{kind}-hf"][1], results[f"{kind}-lean"][1])
+        print(f"{kind}: the lean and the Hugging Face step sampled the same tokens: {same}")
 
 
 if __name__ == "__main__":

@@ -29,13 +29,20 @@ step is the same arithmetic with nothing around it:
   (bf16 for bf16 weights) with another summation order: logits within 1e-5 of the Hugging Face
   forward's as before.
 
-Covered (`LEAN_MODEL_TYPES`): Llama, Qwen2, Qwen3 (q/k RMSNorm), Mistral, as `from_pretrained` builds
+Covered (`LEAN_MODEL_TYPES`): Llama, Qwen2, Qwen3 (q/k RMSNorm), Mistral, and the mixtures of experts
+with their attention (Qwen2-MoE, Qwen3-MoE, Mixtral; OLMoE normalises q/k over all heads at once and keeps
+the Hugging Face step), as `from_pretrained` builds
 them (`<Type>ForCausalLM` with `.model.layers` and `.lm_head`), every layer full attention, a rotary
 type that does not depend on the sequence length (default, linear, llama3, yarn), plain
 `torch.nn.Linear` projections or peft LoRA linears over them (one active adapter, no DoRA: the step
 adds scale (x A^T) B^T as peft does), and no forward hooks (another wrapper, a quantized or a hooked
 module computes more than its weight); `lean_decoder` returns None otherwise and the engine keeps the Hugging Face step. The logits equal the Hugging Face
 forward's to float32 rounding (tests/test_lean_decode.py: <= 1e-5 at every step).
+
+A mixture of experts' MoE layers run their own sparse block (`layer.mlp`: router, experts, a shared
+expert) on the step's rows: the router's hooks fire as in the Hugging Face step, so recorded routes
+(`rlcore.models.moe`) and adapters on the fused experts work unchanged; everything around it is the lean
+arithmetic. Measured (experiments/README.md, "The MoE decode step"): the experts' products dominate.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-LEAN_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
+LEAN_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "qwen2_moe", "qwen3_moe", "mixtral"})
 """`config.model_type`s whose decoder layers the lean step reproduces."""
 
 STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
@@ -77,8 +84,9 @@ class LeanShape:
 
 
 Layer = tuple[Any, ...]
-"""One decoder layer's tensors, in `_LAYER_FIELDS` order (None where a bias or norm is absent), then
-each projection's LoRA (A, B, scale), in `_PROJECTIONS` order (None without an adapter)."""
+"""One decoder layer's tensors, in `_LAYER_FIELDS` order (None where a bias, norm or dense MLP is absent),
+then each projection's LoRA (A, B, scale), in `_PROJECTIONS` order (None without an adapter), then the
+layer's sparse MoE block (a module; None for a dense MLP)."""
 
 _LAYER_FIELDS = (
     "input_layernorm.weight",
@@ -129,10 +137,16 @@ def unsupported(model: torch.nn.Module) -> str | None:
     rope_type = getattr(base.rotary_emb, "rope_type", "default")
     if rope_type not in STATIC_ROPE_TYPES:
         return f"rope type {rope_type!r} depends on the sequence length"
-    act = base.layers[0].mlp.act_fn if len(base.layers) else None
-    if not callable(act):
+    dense = [layer.mlp for layer in base.layers if _sparse_block(layer) is None]
+    if any(not callable(getattr(mlp, "act_fn", None)) for mlp in dense):
         return "the MLP has no act_fn"
     return _plain_modules(model)
+
+
+def _sparse_block(layer: torch.nn.Module) -> torch.nn.Module | None:
+    """The decoder layer's sparse MoE block (an `mlp` with `experts` and no dense `gate_proj`), or None."""
+    mlp = getattr(layer, "mlp", None)
+    return mlp if hasattr(mlp, "experts") and not hasattr(mlp, "gate_proj") else None
 
 
 def _plain_modules(model: torch.nn.Module) -> str | None:
@@ -141,7 +155,7 @@ def _plain_modules(model: torch.nn.Module) -> str | None:
     base = model.model
     paths = sorted({field.rsplit(".", 1)[0] for field in _LAYER_FIELDS})  # the modules the tensors are of
     found = [(path, _get(layer, path)) for layer in base.layers for path in paths]
-    linears = [model.lm_head] + [m for path, m in found if path.endswith("_proj")]
+    linears = [model.lm_head] + [m for path, m in found if path.endswith("_proj") and m is not None]
     norms = [base.norm] + [m for path, m in found if not path.endswith("_proj") and m is not None]
     for module in linears:
         why = _lora_problem(module)
@@ -192,14 +206,19 @@ def _lora(module: Any) -> tuple[Tensor, Tensor, float] | None:
 
 
 def lean_decoder(model: torch.nn.Module, *, compile: bool = False, pack: bool = True) -> LeanDecoder | None:
-    """The lean decoder of `model`, or None when `unsupported(model)` says why not."""
-    return None if unsupported(model) is not None else LeanDecoder(model, compile=compile, pack=pack)
+    """The lean decoder of `model`, or None when `unsupported(model)` says why not (or when `compile` is
+    asked of a mixture of experts, whose sparse blocks are modules with hooks: the engine then compiles
+    the Hugging Face module)."""
+    if unsupported(model) is not None or (compile and any(map(_sparse_block, model.model.layers))):
+        return None
+    return LeanDecoder(model, compile=compile, pack=pack)
 
 
 def _shape(model: torch.nn.Module) -> LeanShape:
     attn = model.model.layers[0].self_attn
     config = model.config
-    act = model.model.layers[0].mlp.act_fn
+    dense = [layer.mlp for layer in model.model.layers if _sparse_block(layer) is None]
+    act = dense[0].act_fn if dense else torch.nn.SiLU()  # (no dense MLP: unused)
     q_norm = getattr(attn, "q_norm", None)
     return LeanShape(
         heads=config.num_attention_heads,
@@ -223,7 +242,7 @@ def _get(module: torch.nn.Module, path: str) -> Any:
 def _layer(module: torch.nn.Module) -> Layer:
     """The layer's tensors (`_LAYER_FIELDS`), then each projection's LoRA (A, B, scale) or None."""
     tensors = tuple(_weight(module, field) for field in _LAYER_FIELDS)
-    return tensors + tuple(_lora(_get(module, path)) for path in _PROJECTIONS)
+    return (*tensors, *(_lora(_get(module, path)) for path in _PROJECTIONS), _sparse_block(module))
 
 
 def _weight(module: torch.nn.Module, field: str) -> Any:
@@ -263,7 +282,7 @@ def lean_step(
     news = []
     for i, layer in enumerate(layers):
         n1, wq, bq, wk, bk, wv, bv, qn, kn, wo, bo, n2, wg, bg, wu, bu, wd, bd = layer[: len(_LAYER_FIELDS)]
-        lq, lk, lv, lo, lg, lu, ld = layer[len(_LAYER_FIELDS) :]
+        lq, lk, lv, lo, lg, lu, ld, sparse = layer[len(_LAYER_FIELDS) :]
         h = F.rms_norm(x, (width,), n1, shape.eps)
         if wk is None:  # q, k and v fused into one weight (pack_weights)
             q, k, v = _linear(h, wq, bq, lq).split(shape.qkv_widths, dim=-1)
@@ -279,14 +298,24 @@ def lean_step(
         q, k = qk[:, : shape.heads], qk[:, shape.heads :]
         x = x + _linear(_attend(shape, q, k, v, kv[i, 0], kv[i, 1], bias), wo, bo, lo)
         h = F.rms_norm(x, (width,), n2, shape.eps)
-        if wu is None:  # gate and up fused into one weight (pack_weights)
-            gate, up = _linear(h, wg, bg, lg).chunk(2, dim=-1)
+        if sparse is not None:  # a MoE layer: its own router and experts, on (a, 1, width)
+            x = x + sparse(h[:, None])[:, 0]
         else:
-            gate, up = _linear(h, wg, bg, lg), _linear(h, wu, bu, lu)
-        x = x + _linear(shape.act(gate) * up, wd, bd, ld)
+            x = x + _dense_mlp(shape, h, wg, bg, wu, bu, wd, bd, (lg, lu, ld))
         news.append(torch.stack((k, v)))  # (2, a, kv_heads, d)
     x = F.rms_norm(x, (width,), norm, shape.eps)
     return _product(x, head, None), torch.stack(news)
+
+
+def _dense_mlp(shape: LeanShape, h: Tensor, wg: Tensor, bg: Any, wu: Any, bu: Any, wd: Tensor, bd: Any,
+               loras: tuple[Any, Any, Any]) -> Tensor:  # fmt: skip
+    """down(act(gate h) * up h); gate and up fused into one weight when `wu` is None (pack_weights)."""
+    lg, lu, ld = loras
+    if wu is None:
+        gate, up = _linear(h, wg, bg, lg).chunk(2, dim=-1)
+    else:
+        gate, up = _linear(h, wg, bg, lg), _linear(h, wu, bu, lu)
+    return _linear(shape.act(gate) * up, wd, bd, ld)
 
 
 def _product(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
@@ -370,8 +399,8 @@ def _fused(layer: Layer) -> Layer:
     where no LoRA adapter sits on the group."""
     out = list(layer)
     for slots, adapters in _FUSED:
-        if any(layer[i] is not None for i in adapters):
-            continue
+        if any(layer[i] is not None for i in adapters) or any(layer[i] is None for i in slots):
+            continue  # adapted, or no such projections (a MoE layer's MLP)
         weights, biases = [layer[i].detach() for i in slots], [layer[i + 1] for i in slots]
         out[slots[0]] = torch.cat(weights)
         if any(b is not None for b in biases):

@@ -14,10 +14,16 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 from transformers.cache_utils import Cache
 
@@ -35,6 +41,8 @@ SMALL = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 96, "num_h
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
          "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}  # fmt: skip
 
+MOE = {**SMALL, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 64}  # fmt: skip
 
@@ -49,6 +57,11 @@ ARCHS = {
     "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**SMALL, head_dim=24)),  # head_dim != width / heads
     "mistral": lambda: MistralForCausalLM(MistralConfig(**SMALL, sliding_window=None)),
     # peft LoRA on every projection (build() then gives the adapters' B non-zero values too)
+    # mixtures of experts: the lean attention around each layer's own sparse block (a dense layer too)
+    "qwen3_moe": lambda: Qwen3MoeForCausalLM(Qwen3MoeConfig(**MOE, head_dim=24, norm_topk_prob=True,
+                                                             mlp_only_layers=[1])),
+    "qwen2_moe": lambda: Qwen2MoeForCausalLM(Qwen2MoeConfig(**MOE, shared_expert_intermediate_size=48)),
+    "mixtral": lambda: MixtralForCausalLM(MixtralConfig(**{**MOE, "num_local_experts": 4}, sliding_window=None)),
     "llama-lora": lambda: apply_lora(LlamaForCausalLM(LlamaConfig(**SMALL, tie_word_embeddings=False)), rank=4,
                                      alpha=8.0, dropout=0.0, targets=()),
 }  # fmt: skip
@@ -60,7 +73,7 @@ def build(arch: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
         model = ARCHS[arch]().eval()
         with torch.no_grad():  # larger weights than the 0.02 init: logits that differ between tokens
             for name, p in model.named_parameters():
-                if p.dim() == 2:
+                if p.dim() in (2, 3):  # (3: a MoE's fused experts)
                     p.normal_(
                         0, 0.15 if "lora_" not in name else 0.05
                     )  # an adapter: a correction, not a rewrite
@@ -103,7 +116,9 @@ def test_lean_step_logits_equal_the_hugging_face_forward(arch, pack):
     head, layer = state.weights[3], state.weights[1][0]
     assert head.is_mkldnn == pack == layer[1].is_mkldnn and not layer[0].is_mkldnn  # q packed, norm not
     fused = pack and "lora" not in arch  # packed q, k, v (and gate, up) as one weight, unless adapted
-    assert (layer[3] is None) == fused == (layer[14] is None) and (layer[12].shape[0] == 192) == fused
+    assert (layer[3] is None) == fused
+    if layer[-1] is None:  # a dense MLP (a MoE layer's is its sparse block)
+        assert fused == (layer[14] is None) and (layer[12].shape[0] == 192) == fused
     rows = torch.arange(ids.shape[0] * repeats) // repeats  # prompt of each row
     fed = torch.randint(3, VOCAB, (len(rows), steps), generator=torch.Generator().manual_seed(1))
     full_ids = torch.cat([ids[rows], fed], dim=1)
