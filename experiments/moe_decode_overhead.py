@@ -4,7 +4,7 @@
     .venv/bin/python experiments/moe_decode_overhead.py --quick    # small models, ~20 s
 
 Issue 36 asks for a lean MoE decode step, or the Hugging Face step if that measures no worse. Four rollouts of 8 prompts x 4 samples
-(32 rows), 32 new tokens at temperature 1, by `NativeEngine`:
+(32 rows), 32 new tokens at temperature 1, by `NativeEngine`, in rounds of all four:
 - **moe-hf** and **moe-lean**: bench_moe's random-100m Qwen3-MoE (16 experts of width 384, top-2), with
   the Hugging Face step and with `rlcore.rollout.lean` (its attention, each layer's own sparse block);
 - **dense-hf** and **dense-lean**: a random Qwen3 with the same attention, embeddings and layers and a
@@ -43,17 +43,24 @@ def dense_twin(sizes: dict) -> torch.nn.Module:
     return AutoModelForCausalLM.from_config(config).eval()
 
 
-def timed(
-    engine: NativeEngine, prompts, sampling: SamplingParams, repeats: int
-) -> tuple[float, torch.Tensor]:
-    """(median seconds, the sampled responses) of `repeats` generates after one warm-up."""
-    engine.generate(prompts, sampling)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = engine.generate(prompts, sampling)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), out["responses"] * out["response_mask"], int(out["response_mask"].sum())
+def timed(engines: dict[str, NativeEngine], prompts, sampling: SamplingParams, repeats: int) -> dict:
+    """name -> (median seconds, the sampled responses, their token count): one warm-up each, then
+    `repeats` rounds of every engine in turn (the order reversed every round), so load drifts hit all."""
+    outs = {name: engine.generate(prompts, sampling) for name, engine in engines.items()}
+    times: dict[str, list[float]] = {name: [] for name in engines}
+    for r in range(repeats):
+        for name in list(engines)[:: 1 if r % 2 == 0 else -1]:
+            start = time.perf_counter()
+            outs[name] = engines[name].generate(prompts, sampling)
+            times[name].append(time.perf_counter() - start)
+    return {
+        name: (
+            statistics.median(times[name]),
+            out["responses"] * out["response_mask"],
+            int(out["response_mask"].sum()),
+        )
+        for name, out in outs.items()
+    }
 
 
 def main() -> None:
@@ -74,7 +81,7 @@ def main() -> None:
         "dense-lean": NativeEngine(dense, _Tok(), lean=True),
     }
     with torch.no_grad():
-        results = {name: timed(engine, prompts, sampling, args.repeats) for name, engine in engines.items()}
+        results = timed(engines, prompts, sampling, args.repeats)
     lean = results["dense-lean"][0]
     print(f"torch {torch.__version__}, {args.threads} thread(s), 32 rows x 32 new tokens")
     print("| rollout | s (median) | response tokens | tok/s | / dense-lean |")

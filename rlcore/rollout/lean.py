@@ -39,10 +39,11 @@ adds scale (x A^T) B^T as peft does), and no forward hooks (another wrapper, a q
 module computes more than its weight); `lean_decoder` returns None otherwise and the engine keeps the Hugging Face step. The logits equal the Hugging Face
 forward's to float32 rounding (tests/test_lean_decode.py: <= 1e-5 at every step).
 
-A mixture of experts' MoE layers run their own sparse block (`layer.mlp`: router, experts, a shared
-expert) on the step's rows: the router's hooks fire as in the Hugging Face step, so recorded routes
-(`rlcore.models.moe`) and adapters on the fused experts work unchanged; everything around it is the lean
-arithmetic. Measured (experiments/README.md, "The MoE decode step"): the experts' products dominate.
+A mixture of experts' MoE layers call their router module (its hooks fire as in the Hugging Face step, so
+recorded routes work unchanged), then, packed, run each hit expert's two products on oneDNN-packed copies
+(`rlcore.rollout.lean_moe`); a block it does not cover (a shared expert, adapters on the experts) and the
+unpacked step run the block's own forward on the step's rows. Measured: experiments/README.md, "The MoE
+decode step".
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from rlcore.rollout.lean_moe import PackedExperts, as_layer_slot, experts_mlp
 
 LEAN_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "qwen2_moe", "qwen3_moe", "mixtral"})
 """`config.model_type`s whose decoder layers the lean step reproduces."""
@@ -298,7 +301,9 @@ def lean_step(
         q, k = qk[:, : shape.heads], qk[:, shape.heads :]
         x = x + _linear(_attend(shape, q, k, v, kv[i, 0], kv[i, 1], bias), wo, bo, lo)
         h = F.rms_norm(x, (width,), n2, shape.eps)
-        if sparse is not None:  # a MoE layer: its own router and experts, on (a, 1, width)
+        if isinstance(sparse, PackedExperts):  # a MoE layer: its router module, packed experts
+            x = x + experts_mlp(sparse, h, _product)
+        elif sparse is not None:  # a MoE layer: its own sparse block, on (a, 1, width)
             x = x + sparse(h[:, None])[:, 0]
         else:
             x = x + _dense_mlp(shape, h, wg, bg, wu, bu, wd, bd, (lg, lu, ld))
@@ -365,14 +370,17 @@ def _bf16_kernels() -> bool:
 
 def pack_weights(layers: tuple[Layer, ...], head: Tensor) -> tuple[tuple[Layer, ...], Tensor]:
     """Copies of the projection weights and the head in oneDNN's layout for `_product` (norms and LoRA
-    factors stay as they are). Without adapters on them, q, k and v become one weight in q's place,
+    factors stay as they are; a MoE layer's experts are packed per expert, `rlcore.rollout.lean_moe`). Without adapters on them, q, k and v become one weight in q's place,
     and gate and up one in gate's (k, v and up None): 4 products per layer instead of 7, on the same
     input."""
     pack = torch.ops.mkldnn._reorder_linear_weight
     packed = tuple(
-        tuple(
-            pack(t.detach(), None) if i in _PACKED_FIELDS and t is not None else t
-            for i, t in enumerate(layer)
+        (
+            *(
+                pack(t.detach(), None) if i in _PACKED_FIELDS and t is not None else t
+                for i, t in enumerate(layer[:-1])
+            ),
+            as_layer_slot(layer[-1], lambda w: pack(w, None)),
         )
         for layer in map(_fused, layers)
     )

@@ -32,6 +32,7 @@ from rlcore.models import load_policy
 from rlcore.models.lora import apply_lora
 from rlcore.rollout import NativeEngine, SamplingParams
 from rlcore.rollout.lean import _product, can_pack, lean_decoder, row_bucket, unsupported
+from rlcore.rollout.lean_moe import PackedExperts
 from rlcore.rollout.native import PreallocatedLayer
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny ops, shared cores
@@ -117,6 +118,8 @@ def test_lean_step_logits_equal_the_hugging_face_forward(arch, pack):
     assert head.is_mkldnn == pack == layer[1].is_mkldnn and not layer[0].is_mkldnn  # q packed, norm not
     fused = pack and "lora" not in arch  # packed q, k, v (and gate, up) as one weight, unless adapted
     assert (layer[3] is None) == fused
+    if arch in ("qwen3_moe", "mixtral"):  # their experts packed (qwen2_moe: its block, for the shared expert)
+        assert isinstance(layer[-1], PackedExperts) == pack
     if layer[-1] is None:  # a dense MLP (a MoE layer's is its sparse block)
         assert fused == (layer[14] is None) and (layer[12].shape[0] == 192) == fused
     rows = torch.arange(ids.shape[0] * repeats) // repeats  # prompt of each row
