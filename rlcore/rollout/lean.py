@@ -243,7 +243,8 @@ def _get(module: torch.nn.Module, path: str) -> Any:
 
 
 def _layer(module: torch.nn.Module) -> Layer:
-    """The layer's tensors (`_LAYER_FIELDS`), then each projection's LoRA (A, B, scale) or None."""
+    """The layer's tensors (`_LAYER_FIELDS`), then each projection's LoRA (A, B, scale) or None, then its
+    sparse MoE block or None."""
     tensors = tuple(_weight(module, field) for field in _LAYER_FIELDS)
     return (*tensors, *(_lora(_get(module, path)) for path in _PROJECTIONS), _sparse_block(module))
 
@@ -370,9 +371,9 @@ def _bf16_kernels() -> bool:
 
 def pack_weights(layers: tuple[Layer, ...], head: Tensor) -> tuple[tuple[Layer, ...], Tensor]:
     """Copies of the projection weights and the head in oneDNN's layout for `_product` (norms and LoRA
-    factors stay as they are; a MoE layer's experts are packed per expert, `rlcore.rollout.lean_moe`). Without adapters on them, q, k and v become one weight in q's place,
-    and gate and up one in gate's (k, v and up None): 4 products per layer instead of 7, on the same
-    input."""
+    factors stay as they are; a MoE layer's experts are packed per expert, `rlcore.rollout.lean_moe`).
+    Without adapters on them, q, k and v become one weight in q's place, and gate and up one in gate's
+    (k, v and up None): 4 products per layer instead of 7, on the same input."""
     pack = torch.ops.mkldnn._reorder_linear_weight
     packed = tuple(
         (

@@ -87,9 +87,7 @@ def experts_mlp(packed: PackedExperts, h: Tensor, product: Callable[..., Tensor]
     return torch.zeros_like(h).index_add_(0, rows, weighted)
 
 
-def as_layer_slot(block: torch.nn.Module | None, pack: Callable[[Tensor], Tensor] | None) -> Any:
-    """What the lean step's layer holds for its MLP block: packed experts where `pack` is given and the
-    block is `packable`, else the block itself (called as a module), or None for a dense MLP."""
-    if block is None or pack is None:
-        return block
-    return pack_experts(block, pack) or block
+def as_layer_slot(block: torch.nn.Module | None, pack: Callable[[Tensor], Tensor]) -> Any:
+    """What the packed lean step's layer holds for its MLP block: packed experts where the block is
+    `packable`, else the block itself (called as a module), or None for a dense MLP."""
+    return None if block is None else pack_experts(block, pack) or block

@@ -63,6 +63,9 @@ ARCHS = {
                                                              mlp_only_layers=[1])),
     "qwen2_moe": lambda: Qwen2MoeForCausalLM(Qwen2MoeConfig(**MOE, shared_expert_intermediate_size=48)),
     "mixtral": lambda: MixtralForCausalLM(MixtralConfig(**{**MOE, "num_local_experts": 4}, sliding_window=None)),
+    # LoRA on the attention and on the fused experts (peft wraps the experts: the block's own forward)
+    "qwen3_moe-lora": lambda: apply_lora(Qwen3MoeForCausalLM(Qwen3MoeConfig(**MOE, head_dim=24)), rank=4,
+                                         alpha=8.0, dropout=0.0, targets=()),
     "llama-lora": lambda: apply_lora(LlamaForCausalLM(LlamaConfig(**SMALL, tie_word_embeddings=False)), rank=4,
                                      alpha=8.0, dropout=0.0, targets=()),
 }  # fmt: skip
@@ -120,6 +123,8 @@ def test_lean_step_logits_equal_the_hugging_face_forward(arch, pack):
     assert (layer[3] is None) == fused
     if arch in ("qwen3_moe", "mixtral"):  # their experts packed (qwen2_moe: its block, for the shared expert)
         assert isinstance(layer[-1], PackedExperts) == pack
+    if arch == "qwen3_moe-lora":  # adapted experts: the block's own forward, packed or not
+        assert type(layer[-1].experts).__name__ == "ParamWrapper"
     if layer[-1] is None:  # a dense MLP (a MoE layer's is its sparse block)
         assert fused == (layer[14] is None) and (layer[12].shape[0] == 192) == fused
     rows = torch.arange(ids.shape[0] * repeats) // repeats  # prompt of each row
