@@ -20,7 +20,7 @@ from torch import Tensor
 
 from rlcore.batch import Batch
 from rlcore.data.dataset import Cursor
-from rlcore.dist.transfer import json_tensor, tensor_json
+from rlcore.dist.transfer import json_tensor, rows_from_json, rows_to_json, tensor_json
 from rlcore.update import ModelState
 
 
@@ -99,8 +99,10 @@ def rollouts_to_tensors(pending: tuple[Rollout, ...]) -> dict[str, Tensor]:
     out: dict[str, Tensor] = {}
     for i, r in enumerate(pending):
         out |= {f"pending/{i}/{name}": t for name, t in r.batch.tensors.items()}
-        doc = {"step": r.step, "version": r.version, "metrics": dict(r.metrics), "rows": dict(r.batch.non_tensors),
-               "meta": dict(r.batch.meta)}  # fmt: skip
+        rows, row_tensors = rows_to_json(r.batch.non_tensors)  # tensors in rows (images): each once
+        out |= {f"pending/{i}/rows/{k}": t.contiguous() for k, t in enumerate(row_tensors)}
+        doc = {"step": r.step, "version": r.version, "metrics": dict(r.metrics), "rows": rows,
+               "row_tensors": len(row_tensors), "meta": dict(r.batch.meta)}  # fmt: skip
         try:
             out[f"pending/{i}/json"] = json_tensor(doc)
         except (TypeError, ValueError) as e:  # a row value JSON cannot carry: say which, not a traceback
@@ -119,9 +121,11 @@ def rollouts_from_tensors(tensors: Mapping[str, Tensor]) -> tuple[Rollout, ...]:
         fields = {
             k.removeprefix(prefix): t
             for k, t in tensors.items()
-            if k.startswith(prefix) and k != prefix + "json"
+            if k.startswith(prefix) and k != prefix + "json" and not k.startswith(prefix + "rows/")
         }
-        batch = Batch(tensors=fields, non_tensors=doc["rows"], meta=doc["meta"])
+        row_tensors = [tensors[f"{prefix}rows/{k}"] for k in range(doc.get("row_tensors", 0))]
+        rows = rows_from_json(doc["rows"], row_tensors)
+        batch = Batch(tensors=fields, non_tensors=rows, meta=doc["meta"])
         pending.append(Rollout(step=doc["step"], batch=batch, metrics=doc["metrics"], version=doc["version"]))
     return tuple(pending)
 

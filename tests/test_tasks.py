@@ -78,3 +78,28 @@ def test_the_shipped_warm_start_is_wrong_greedily_and_right_sometimes():
     val = generate_rows(DEFAULT_TASK, "val", 64, seed=0)
     assert evaluate(model, tokenizer, val, greedy=True) <= 0.3
     assert evaluate(model, tokenizer, val, greedy=False, seed=0) >= 0.3  # partial credit + ~25% right
+
+
+def test_shapes_rows_draw_what_they_ask_about_and_split_disjointly():
+    import io
+
+    from PIL import Image
+
+    from rlcore.data import shapes
+
+    # a red circle in cell 0 and a blue square in cell 4 (the centre): colours at the cell centres
+    image = Image.open(io.BytesIO(shapes.draw([(0, "red", "circle", 10, 0, 0), (4, "blue", "square", 10, 0, 0)])))
+    assert image.size == (48, 48)
+    assert image.getpixel((8, 8)) == shapes.COLORS["red"] and image.getpixel((24, 24)) == shapes.COLORS["blue"]
+    assert image.getpixel((40, 40)) == (255, 255, 255) and image.getpixel((0, 0)) == (255, 255, 255)  # circle
+    train, val = shapes.generate_rows("train", 300), shapes.generate_rows("val", 40)
+    assert train == shapes.generate_rows("train", 300)  # deterministic
+    problem = lambda r: (r["images"][0]["bytes"], r["prompt"][0]["content"])  # noqa: E731
+    assert not {problem(r) for r in train} & {problem(r) for r in val}
+    for row in train[:50]:  # the truth is the count of the asked colour and kind in the drawn cells
+        question = row["prompt"][0]["content"].removeprefix("<image>how many ").removesuffix("s?")
+        color, kind = question.split()
+        assert color in shapes.COLORS and kind in shapes.KINDS
+        assert 0 <= int(row["reward_model"]["ground_truth"]) <= row["extra_info"]["shapes"] <= 5
+    assert shapes.compute_score("builtin/shapes", " 2\n", "2") == 1.0
+    assert shapes.compute_score("builtin/shapes", "12", "2") == 0.0

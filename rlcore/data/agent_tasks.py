@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 
-from rlcore.data.tasks import SPLITS, split_of
+from rlcore.data.tasks import draw_rows
 
 RESULT_OPEN, RESULT_CLOSE = (
     "<result>",
@@ -42,26 +42,18 @@ def make_problem(rng: random.Random) -> tuple[str, str]:
 
 def generate_rows(split: str, n: int, *, seed: int = 0) -> list[dict]:
     """`n` verl-format rows of `calc` for `split`, the same for the same (split, n, seed)."""
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; choose 'train' or 'val'")
-    rng, rows = random.Random(f"{NAME}/{split}/{seed}"), []
-    for _ in range(100 * n + 1000):
-        if len(rows) == n:
-            break
+
+    def draw(rng: random.Random) -> tuple[str, dict]:
         prompt, truth = make_problem(rng)
-        if split_of(prompt) == split:
-            rows.append(
-                {
-                    "data_source": DATA_SOURCE,
-                    "prompt": [{"role": "user", "content": prompt}],
-                    "ability": "tool",
-                    "reward_model": {"style": "rule", "ground_truth": truth},
-                    "extra_info": {"split": split, "index": len(rows), "tools": ["calculator"]},
-                }
-            )
-    if len(rows) < n:
-        raise ValueError(f"built-in task {NAME!r} could not draw {n} {split} rows; ask for fewer")
-    return rows
+        return prompt, {
+            "data_source": DATA_SOURCE,
+            "prompt": [{"role": "user", "content": prompt}],
+            "ability": "tool",
+            "reward_model": {"style": "rule", "ground_truth": truth},
+            "extra_info": {"tools": ["calculator"]},
+        }
+
+    return draw_rows(NAME, split, n, seed, draw)
 
 
 def final_answer(solution_str: str) -> str:

@@ -25,6 +25,7 @@ import torch
 from rlcore.batch import Batch
 from rlcore.data.prompts import Overlong, encode_rows_keeping_lengths, pad_token_id, prompt_batch
 from rlcore.data.rows import DataError, Row, read_rows
+from rlcore.data.vision import VisionProcessor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,17 +68,22 @@ class PromptDataset:
         shuffle: bool = True,
         name: str = "dataset",
         tools: Sequence[dict] = (),
+        vision: VisionProcessor | None = None,
     ) -> None:
         if not rows:
             raise DataError(f"{name}: no rows")
+        self.bad_images: list[str] = []  # with overlong="drop": the errors of rows dropped for their images
         self.rows, self.token_ids, self.dropped_lengths = encode_rows_keeping_lengths(
-            rows, tokenizer, max_prompt_length=max_prompt_length, overlong=overlong, tools=tools
-        )
+            rows, tokenizer, max_prompt_length=max_prompt_length, overlong=overlong, tools=tools, vision=vision,
+            bad=self.bad_images,
+        )  # fmt: skip
         self.n_dropped, self.max_prompt_length = len(self.dropped_lengths), max_prompt_length
+        self.vision = vision
         if not self.rows:
             raise DataError(
                 f"{name}: no rows left after dropping {self.n_dropped} prompts longer than "
                 f"max_prompt_length={max_prompt_length}"
+                + (f" and {len(self.bad_images)} with unreadable images" if self.bad_images else "")
             )
         self.pad_id = pad_token_id(tokenizer)
         self.seed, self.shuffle, self.name = seed, shuffle, name
@@ -106,7 +112,10 @@ class PromptDataset:
             else ""
         )
         spread = ", ".join(f"p{q} {percentile(every, q)}" for q in (50, 90, 99)) + f", max {every[-1]}"
-        return f"{len(every)} rows, {dropped}; prompt tokens {spread}"
+        bad = ""
+        if self.bad_images:
+            bad = f", {len(self.bad_images)} dropped for their images (first: {self.bad_images[0]})"
+        return f"{len(every) + len(self.bad_images)} rows, {dropped}{bad}; prompt tokens {spread}"
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -132,9 +141,8 @@ class PromptDataset:
             picked.append(order[position])
             uids.append(f"e{epoch}.{position}")  # unique over the whole run
             position += 1
-        batch = prompt_batch(
-            [self.rows[i] for i in picked], [self.token_ids[i] for i in picked], pad_id=self.pad_id, uids=uids
-        )
+        batch = prompt_batch([self.rows[i] for i in picked], [self.token_ids[i] for i in picked], pad_id=self.pad_id,
+                             uids=uids, vision=self.vision)  # fmt: skip
         return batch, Cursor(epoch, position)
 
     def next_batch(self, batch_size: int) -> Batch:
@@ -149,7 +157,8 @@ class PromptDataset:
         for start in range(0, len(self), batch_size):
             stop = min(start + batch_size, len(self))
             rows, ids = self.rows[start:stop], self.token_ids[start:stop]
-            yield prompt_batch(rows, ids, pad_id=self.pad_id, uids=[f"r{i}" for i in range(start, stop)])
+            uids = [f"r{i}" for i in range(start, stop)]
+            yield prompt_batch(rows, ids, pad_id=self.pad_id, uids=uids, vision=self.vision)
 
     def state_dict(self) -> dict[str, int]:
         """The stored cursor as `cursor_state` writes it."""

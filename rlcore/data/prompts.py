@@ -11,6 +11,13 @@ Prompts are left-padded so every response starts at the same column:
     input_ids       [pad, pad, t0, t1, t2]
     attention_mask  [0,   0,   1,  1,  1 ]
     position_ids    [0,   0,   0,  1,  2 ]     (verl: clip(cumsum(mask) - 1, min=0))
+
+With a vision-language model (a `VisionProcessor`, rlcore.models.vision), a row's images are decoded,
+its `<image>` placeholders become image parts for the chat template, each image's placeholder token is
+repeated once per merged patch, and the batch carries per row `multi_modal_inputs` (a dict of
+`pixel_values` (patches, d) and `image_grid_thw` (images, 3); empty for a row without images; the
+samples of a prompt share its tensors) and `rope_positions` (b, 3, p), the M-RoPE positions, 0 on
+padding. The pixels are computed again when a batch is made (the dataset keeps token ids only).
 """
 
 from __future__ import annotations
@@ -23,16 +30,23 @@ import torch
 from torch import Tensor
 
 from rlcore.batch import Batch
+from rlcore.data.images import decode_image, with_image_parts
 from rlcore.data.rows import DataError, Prompt, Row
+from rlcore.data.vision import VisionProcessor, padded_rope_positions
 
 Overlong = Literal["drop", "error"]
 
 
-def render_prompt(tokenizer: Any, prompt: Prompt, tools: Sequence[dict] = ()) -> tuple[str, bool]:
+def render_prompt(
+    tokenizer: Any, prompt: Prompt, tools: Sequence[dict] = (), *, images: bool = False
+) -> tuple[str, bool]:
     """The prompt text and whether the tokenizer should add its special tokens when encoding it; `tools`
-    (JSON schemas, `--rollout.tools`) go to the chat template."""
+    (JSON schemas, `--rollout.tools`) go to the chat template; `images`: the `<image>` placeholders
+    become image parts (`rlcore.data.images.with_image_parts`)."""
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        if images:
+            messages = with_image_parts(messages)
         return tokenizer.apply_chat_template(
             messages, tools=list(tools) or None, add_generation_prompt=True, tokenize=False
         ), False
@@ -40,16 +54,33 @@ def render_prompt(tokenizer: Any, prompt: Prompt, tools: Sequence[dict] = ()) ->
     return text, True
 
 
-def encode_prompt(tokenizer: Any, row: Row, tools: Sequence[dict] = ()) -> list[int]:
-    """Token ids of a row's rendered prompt (none for the empty prompt of an environment's row); a template
-    failure is a `DataError` naming the row."""
+def encode_prompt(
+    tokenizer: Any, row: Row, tools: Sequence[dict] = (), vision: VisionProcessor | None = None
+) -> list[int]:
+    """Token ids of a row's rendered prompt (none for the empty prompt of an environment's row), its
+    images' placeholders expanded by `vision`; a template failure or an unreadable image is a
+    `DataError` naming the row."""
     if row.prompt == "":
         return []
+    if row.images and vision is None:
+        raise DataError(f"{row.origin}: field 'images': the model is not a vision-language model; give "
+                        "--model.path a Qwen2-VL / Qwen2.5-VL / Qwen3-VL model (or builtin:tiny-vl)")  # fmt: skip
     try:
-        text, special = render_prompt(tokenizer, row.prompt, tools)
+        text, special = render_prompt(tokenizer, row.prompt, tools, images=bool(row.images))
     except Exception as e:  # jinja errors (unknown role, raise_exception) and the like
         raise DataError(f"{row.origin}: chat template failed on field 'prompt': {e}") from None
+    if row.images:
+        grids = vision.pixels(row_images(row))["image_grid_thw"]
+        try:
+            text = vision.expand(text, grids)
+        except ValueError as e:
+            raise DataError(f"{row.origin}: the chat template rendered {e}") from None
     return list(tokenizer(text, add_special_tokens=special)["input_ids"])
+
+
+def row_images(row: Row) -> list[Any]:
+    """The row's images decoded (PIL RGB), a `DataError` naming the row and image when one cannot be."""
+    return [decode_image(spec, row.origin, i) for i, spec in enumerate(row.images)]
 
 
 def encode_rows(
@@ -69,14 +100,23 @@ def encode_rows_keeping_lengths(
     max_prompt_length: int | None = None,
     overlong: Overlong = "error",
     tools: Sequence[dict] = (),
+    vision: VisionProcessor | None = None,
+    bad: list[str] | None = None,
 ) -> tuple[list[Row], list[list[int]], list[int]]:
-    """`encode_rows`, with the token lengths of the dropped prompts instead of their count; `tools` as
-    for `render_prompt`."""
+    """`encode_rows`, with the token lengths of the dropped prompts instead of their count; `tools` and
+    `vision` as for `encode_prompt`. With overlong="drop", a row whose images cannot be read is dropped
+    too, its error appended to `bad` (else it raises)."""
     if overlong not in ("drop", "error"):
         raise ValueError(f"overlong={overlong!r}: expected 'drop' or 'error'")
     kept, ids, dropped = [], [], []
     for row in rows:
-        tokens = encode_prompt(tokenizer, row, tools)
+        try:
+            tokens = encode_prompt(tokenizer, row, tools, vision)
+        except DataError as e:
+            if overlong == "error" or bad is None or not row.images:
+                raise
+            bad.append(str(e))
+            continue
         if max_prompt_length is not None and len(tokens) > max_prompt_length:
             if overlong == "error":
                 raise DataError(
@@ -114,15 +154,21 @@ def pad_token_id(tokenizer: Any) -> int:
 
 
 def prompt_batch(
-    rows: Sequence[Row], token_ids: Sequence[Sequence[int]], *, pad_id: int, uids: Sequence[str]
+    rows: Sequence[Row],
+    token_ids: Sequence[Sequence[int]],
+    *,
+    pad_id: int,
+    uids: Sequence[str],
+    vision: VisionProcessor | None = None,
 ) -> Batch:
-    """A prompt Batch from rows and their token ids (see the module docstring for the tensors)."""
+    """A prompt Batch from rows and their token ids (see the module docstring for the tensors); with
+    `vision`, their vision inputs and rotary positions too."""
     if not len(rows) == len(token_ids) == len(uids):
         raise ValueError(f"prompt_batch: {len(rows)} rows, {len(token_ids)} token lists, {len(uids)} uids")
     if len(set(uids)) != len(uids):
         raise ValueError("prompt_batch: uids must be unique within a batch")
     input_ids, attention_mask, position_ids = left_pad(token_ids, pad_id)
-    return Batch.from_dict(
+    batch = Batch.from_dict(
         {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
@@ -134,13 +180,28 @@ def prompt_batch(
             "raw_prompt": [r.prompt for r in rows],
         }
     )
+    return batch if vision is None else with_vision(batch, rows, vision)
+
+
+def with_vision(batch: Batch, rows: Sequence[Row], vision: VisionProcessor) -> Batch:
+    """`batch` with its rows' `multi_modal_inputs` and `rope_positions` (see the module docstring)."""
+    inputs = [vision.pixels(row_images(r)) if r.images else {} for r in rows]
+    grids = [x.get("image_grid_thw", torch.zeros(0, 3, dtype=torch.long)) for x in inputs]
+    rope = padded_rope_positions(batch["input_ids"], batch["attention_mask"], grids,
+                                 image_token_id=vision.image_token_id, merge=vision.merge)  # fmt: skip
+    return batch.with_(multi_modal_inputs=inputs, rope_positions=rope)
 
 
 def make_prompt_batch(
-    rows: Sequence[Row], tokenizer: Any, *, uids: Sequence[str] | None = None, tools: Sequence[dict] = ()
+    rows: Sequence[Row],
+    tokenizer: Any,
+    *,
+    uids: Sequence[str] | None = None,
+    tools: Sequence[dict] = (),
+    vision: VisionProcessor | None = None,
 ) -> Batch:
     """Encode and left-pad `rows` into a prompt Batch; `uids` default to fresh random hex strings; `tools`
-    (JSON schemas) go to the chat template."""
-    _, token_ids, _ = encode_rows_keeping_lengths(rows, tokenizer, tools=tools)
+    (JSON schemas) go to the chat template; `vision` (a vision-language model) adds the vision inputs."""
+    _, token_ids, _ = encode_rows_keeping_lengths(rows, tokenizer, tools=tools, vision=vision)
     uids = list(uids) if uids is not None else [uuid.uuid4().hex for _ in rows]
-    return prompt_batch(rows, token_ids, pad_id=pad_token_id(tokenizer), uids=uids)
+    return prompt_batch(rows, token_ids, pad_id=pad_token_id(tokenizer), uids=uids, vision=vision)

@@ -8,6 +8,8 @@ A row is a dict (a parquet record or a JSON object) with
     ability       str                       free-form tag (optional)
     reward_model  {"ground_truth": ..., "style": ...}   (optional; ground_truth may be any value)
     extra_info    dict                      passed to the reward function (optional)
+    images        list of images            one per `<image>` placeholder in the prompt (optional;
+                                            rlcore.data.images: {"bytes"}, {"path"}, {"base64"}, a path)
 
 so the files verl's `examples/data_preprocess/*.py` write load unchanged. Every problem is one
 `DataError` line naming the file, the row (parquet: 0-based `row N`; jsonl: 1-based `line N`)
@@ -25,11 +27,10 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rlcore.data.errors import DataError
+from rlcore.data.images import check_images, check_placeholders
+
 SUFFIXES = (".parquet", ".jsonl", ".json")
-
-
-class DataError(ValueError):
-    """A data file or row that cannot be used; the message is one line naming file, row and field."""
 
 
 Prompt = list[dict[str, str]] | str
@@ -51,6 +52,8 @@ class Row:
     """verl's `ability` tag."""
     origin: str = "<memory>"
     """Where the row came from (`file row N` / `file line N`), for error messages."""
+    images: tuple[Any, ...] = ()
+    """The row's images, undecoded (`rlcore.data.images`), one per `<image>` placeholder of the prompt."""
 
 
 def row_from_dict(record: Any, origin: str, *, prompt_optional: bool = False) -> Row:
@@ -79,6 +82,9 @@ def row_from_dict(record: Any, origin: str, *, prompt_optional: bool = False) ->
     ability = record.get("ability")
     if ability is not None and not isinstance(ability, str):
         raise DataError(f"{origin}: field 'ability' is {_kind(ability)}, expected str")
+    images = check_images(record.get("images"), origin)
+    if images:
+        check_placeholders(prompt, images, origin)
     return Row(
         data_source=data_source,
         prompt=prompt,
@@ -86,6 +92,7 @@ def row_from_dict(record: Any, origin: str, *, prompt_optional: bool = False) ->
         extra_info=dict(extra_info or {}),
         ability=ability,
         origin=origin,
+        images=images,
     )
 
 

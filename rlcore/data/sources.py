@@ -7,13 +7,14 @@ import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rlcore.data import agent_tasks, reasoning_gym, tasks
+from rlcore.data import agent_tasks, reasoning_gym, shapes, tasks
 from rlcore.data.rows import DataError, Row, read_rows, row_from_dict
 
 BUILTIN = "builtin:"
 GENERATORS: dict[str, Callable[..., list[dict]]] = {
     **{name: functools.partial(tasks.generate_rows, name) for name in tasks.TASKS},
     agent_tasks.NAME: agent_tasks.generate_rows,  # multi-turn: train it with --rollout.max-turns > 1
+    shapes.NAME: shapes.generate_rows,  # images: train it with a vision-language model (builtin:tiny-vl)
 }
 """Built-in tasks by name: `generator(split, n, seed=...)` -> verl-format rows."""
 

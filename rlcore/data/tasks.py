@@ -129,31 +129,44 @@ def split_of(prompt: str) -> str:
     return "val" if zlib.crc32(prompt.encode()) % 10 == 0 else "train"
 
 
+def draw_rows(
+    name: str, split: str, n: int, seed: int, draw: Callable[[random.Random], tuple[str, dict]]
+) -> list[dict]:
+    """`n` rows for `split` from `draw(rng)` = (the problem's text, which fixes its split, a row maker's
+    row), the rng seeded by (name, split, seed); each row gets its `extra_info` split and index."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; choose 'train' or 'val'")
+    rng, rows = random.Random(f"{name}/{split}/{seed}"), []
+    for _ in range(100 * n + 1000):
+        if len(rows) == n:
+            break
+        text, row = draw(rng)
+        if split_of(text) == split:
+            row["extra_info"] = {"split": split, "index": len(rows), **row.get("extra_info", {})}
+            rows.append(row)
+    if len(rows) < n:
+        raise ValueError(f"built-in task {name!r} could not draw {n} {split} rows; ask for fewer")
+    return rows
+
+
 def generate_rows(task: str, split: str, n: int, *, seed: int = 0) -> list[dict]:
     """`n` verl-format rows of `task` for `split`, the same for the same (task, split, n, seed)."""
     if task not in TASKS:
         raise ValueError(f"unknown built-in task {task!r}; choose one of {sorted(TASKS)}")
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; choose 'train' or 'val'")
-    spec, rng, rows = TASKS[task], random.Random(f"{task}/{split}/{seed}"), []
-    for _ in range(100 * n + 1000):
-        if len(rows) == n:
-            break
-        prompt, truth = spec.make(rng)
-        if split_of(prompt) == split:
-            rows.append(_row(task, prompt, truth, split, len(rows)))
-    if len(rows) < n:
-        raise ValueError(f"built-in task {task!r} could not draw {n} {split} rows; ask for fewer")
-    return rows
+
+    def draw(rng: random.Random) -> tuple[str, dict]:
+        prompt, truth = TASKS[task].make(rng)
+        return prompt, _row(task, prompt, truth)
+
+    return draw_rows(task, split, n, seed, draw)
 
 
-def _row(task: str, prompt: str, truth: str, split: str, index: int) -> dict:
+def _row(task: str, prompt: str, truth: str) -> dict:
     return {
         "data_source": f"builtin/{task}",
         "prompt": [{"role": "user", "content": prompt}],
         "ability": "builtin",
         "reward_model": {"style": "rule", "ground_truth": truth},
-        "extra_info": {"split": split, "index": index},
     }
 
 

@@ -9,7 +9,8 @@
 
 A batch travels as a JSON header (field names, dtypes, shapes, the per-row non-tensor values and the
 meta dict, which must be JSON-able: strings, numbers, lists, dicts, None) and then its tensors, each
-as one send. Tensors go over the group's device (CPU for gloo, the current CUDA device for nccl) and
+as one send. Tensors inside the per-row values (a vision-language batch's `multi_modal_inputs`) travel
+after them, each tensor once however many rows share it (`rows_to_json`), and arrive shared again. Tensors go over the group's device (CPU for gloo, the current CUDA device for nccl) and
 arrive on the CPU. Sends are blocking unless `async_op`: a sender that must enter a collective before
 its receiver reads (a weight push) keeps the returned works and waits on them later.
 """
@@ -17,7 +18,7 @@ its receiver reads (a weight push) keeps the returned works and waits on them la
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -46,24 +47,70 @@ def tensor_json(text: Tensor) -> Any:
     return json.loads(text.cpu().numpy().tobytes().decode())
 
 
-def header(batch: Batch) -> Tensor:
-    """The JSON description of `batch` (everything but the tensors' values) as `json_tensor`; ValueError
-    names a field whose values are not JSON-able."""
+_TENSOR = "__tensor__"
+
+
+def rows_to_json(rows: Mapping[str, list]) -> tuple[dict[str, list], list[Tensor]]:
+    """(the per-row values with every tensor in them replaced by `{"__tensor__": k}`, the tensors): a
+    tensor several rows share (a prompt's images, shared by its samples) is listed once."""
+    tensors: list[Tensor] = []
+    index: dict[int, int] = {}
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, Tensor):
+            if id(value) not in index:
+                index[id(value)] = len(tensors)
+                tensors.append(value)
+            return {_TENSOR: index[id(value)]}
+        if isinstance(value, Mapping):
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [walk(v) for v in value]
+        return value
+
+    return {name: walk(values) for name, values in rows.items()}, tensors
+
+
+def rows_from_json(doc: Mapping[str, list], tensors: Sequence[Tensor]) -> dict[str, list]:
+    """The per-row values `rows_to_json` encoded, its tensors put back (shared where they were)."""
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, dict):
+            if set(value) == {_TENSOR}:
+                return tensors[value[_TENSOR]]
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        return value
+
+    return {name: walk(values) for name, values in doc.items()}
+
+
+def _described(tensors: Iterable[Tensor]) -> list[list[Any]]:
+    return [[str(t.dtype).removeprefix("torch."), list(t.shape)] for t in tensors]
+
+
+def header(batch: Batch) -> tuple[Tensor, list[Tensor]]:
+    """(the JSON description of `batch` (everything but the tensors' values) as `json_tensor`, the tensors
+    held in its per-row values); ValueError names a field whose values are not JSON-able."""
     fields = [[name, str(t.dtype).removeprefix("torch."), list(t.shape)] for name, t in batch.tensors.items()]
-    for name, values in batch.non_tensors.items():
+    rows, row_tensors = rows_to_json(batch.non_tensors)
+    for name, values in rows.items():
         try:
             json.dumps(values)
         except (TypeError, ValueError) as e:
             raise ValueError(f"send_batch: field {name!r} holds values JSON cannot carry ({e})") from None
-    return json_tensor({"tensors": fields, "rows": dict(batch.non_tensors), "meta": dict(batch.meta)})
+    doc = {"tensors": fields, "rows": rows, "row_tensors": _described(row_tensors), "meta": dict(batch.meta)}
+    return json_tensor(doc), row_tensors
 
 
 def send_batch(batch: Batch, dst: int, *, group: Any = None, async_op: bool = False) -> list[Any]:
     """Send `batch` to global rank `dst` (see the module docstring); returns the works when `async_op`."""
     device = group_device(group)
-    text = header(batch)
+    text, row_tensors = header(batch)
     pieces = [torch.tensor([text.numel()], dtype=torch.int64), text]
-    pieces += [t.detach().contiguous() for t in batch.tensors.values() if t.numel()]  # empty ones: shape only
+    tensors = [*batch.tensors.values(), *row_tensors]
+    pieces += [t.detach().contiguous() for t in tensors if t.numel()]  # empty ones: shape only
     send = dist.isend if async_op else dist.send
     works = [send(p.to(device), dst, group=group) for p in pieces]
     return [w for w in works if w is not None]
@@ -79,11 +126,16 @@ def recv_batch(src: int, *, group: Any = None) -> Batch:
     doc = tensor_json(text)
     tensors: dict[str, Tensor] = {}
     for name, dtype, shape in doc["tensors"]:
-        tensor = torch.empty(shape, dtype=_DTYPES[dtype], device=device)
-        if tensor.numel():
-            dist.recv(tensor, src, group=group)
-        tensors[name] = tensor.cpu()
-    return Batch(tensors=tensors, non_tensors=doc["rows"], meta=doc["meta"])
+        tensors[name] = _recv_tensor(dtype, shape, src, group, device)
+    row_tensors = [_recv_tensor(dtype, shape, src, group, device) for dtype, shape in doc["row_tensors"]]
+    return Batch(tensors=tensors, non_tensors=rows_from_json(doc["rows"], row_tensors), meta=doc["meta"])
+
+
+def _recv_tensor(dtype: str, shape: list[int], src: int, group: Any, device: torch.device) -> Tensor:
+    tensor = torch.empty(shape, dtype=_DTYPES[dtype], device=device)
+    if tensor.numel():
+        dist.recv(tensor, src, group=group)
+    return tensor.cpu()
 
 
 def weight_manifest(model: torch.nn.Module, state: StateFn | None = None) -> list[list[Any]]:

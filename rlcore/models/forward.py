@@ -40,12 +40,14 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from rlcore.batch import Batch
+from rlcore.data.vision import response_rope_positions
 from rlcore.dist.fsdp import model_mesh
 from rlcore.dist.reduce import all_reduce_int
 from rlcore.dist.tp import vocab_group, vocab_parallel_entropy, vocab_parallel_logprobs
 from rlcore.dist.ulysses import SequenceLayout, gather_sequence, sp_group
 from rlcore.models.moe import router_tap
 from rlcore.models.shared_prompt import choose_plan, pack_plan, prompt_groups, worth_packing
+from rlcore.models.vision import placeholder_ids, suppress
 from rlcore.pure.logprobs import token_logprobs
 from rlcore.pure.losses import entropy as _entropy
 
@@ -53,6 +55,12 @@ _CHUNK_BYTES = 64 * 2**20  # float32 logits per entropy chunk
 
 SEQUENCE_FIELDS = ("input_ids", "attention_mask", "responses", "response_attention", "response_mask")
 """The batch fields the model passes read."""
+
+VISION_FIELD = "multi_modal_inputs"
+"""A vision-language batch's per-row images as model inputs (`rlcore.data.prompts`)."""
+
+ROPE_FIELD = "rope_positions"
+"""A vision-language batch's prompt M-RoPE positions (b, 3, p) (`rlcore.data.vision`)."""
 
 ROUTE_FIELDS = ("prompt_routes", "response_routes")
 """A mixture of experts' recorded routes (b, p, L, k) and (b, t, L, k), int16, -1 where none was
@@ -68,7 +76,8 @@ class ModelInputs:
     attention_mask: Tensor
     """(m, s) long: 1 on real tokens; packed: (G, 1, L, L) bool, True where a query may see a key."""
     position_ids: Tensor
-    """(m, s) long: cumsum(attention_mask) - 1, clamped at 0; packed: (G, L), restarting per response."""
+    """(m, s) long: cumsum(attention_mask) - 1, clamped at 0; packed: (G, L), restarting per response;
+    a vision-language model's (3, m, s) M-RoPE positions (`rlcore.data.vision`)."""
     labels: Tensor
     """(m, r) long: the response tokens whose log-probs the last r + 1 logits predict."""
     gather: Tensor | None = None
@@ -81,6 +90,8 @@ class ModelInputs:
     """(tokens, L, k) long, like `token_kind`: the experts the rollout routed each token to (-1: none
     recorded), from the batch's `prompt_routes` / `response_routes` (`rlcore.models.moe`); None
     without them."""
+    vision: dict[str, Tensor] | None = None
+    """The rows' images (`vision_inputs`): `pixel_values` and `image_grid_thw`, or None."""
 
 
 def _row_lengths(batch: Batch) -> tuple[Tensor, Tensor]:
@@ -92,9 +103,20 @@ def _row_lengths(batch: Batch) -> tuple[Tensor, Tensor]:
     return prompt, response  # (b,), (b,)
 
 
-def _trimmed(batch: Batch) -> tuple[Tensor, Tensor, Tensor, Tensor, tuple[Tensor, Tensor] | None]:
-    """(prompt ids, prompt attention, responses, response attention, recorded routes (prompt, response)
-    or None), cut to the columns some row uses."""
+@dataclasses.dataclass(frozen=True)
+class _Trimmed:
+    """A micro-batch's sequence tensors cut to the columns some row uses."""
+
+    ids_p: Tensor  # (m, p') prompt ids
+    attn_p: Tensor  # (m, p') prompt attention
+    responses: Tensor  # (m, r)
+    attn_r: Tensor  # (m, r) response attention
+    routes: tuple[Tensor, Tensor] | None  # recorded routes (prompt, response), or None
+    rope: Tensor | None  # (m, 3, p') the prompt's M-RoPE positions (a vision-language model), or None
+
+
+def _trimmed(batch: Batch) -> _Trimmed:
+    """The batch's prompt, response, recorded routes and rotary positions, cut to the columns some row uses."""
     attn_p = batch["attention_mask"].long()  # (m, p)
     attn_r = batch["response_attention"].long()  # (m, t)
     prompt_used = attn_p.any(dim=0)  # (p,)
@@ -104,24 +126,37 @@ def _trimmed(batch: Batch) -> tuple[Tensor, Tensor, Tensor, Tensor, tuple[Tensor
     routes = None
     if ROUTE_FIELDS[0] in batch:
         routes = (batch[ROUTE_FIELDS[0]][:, first:], batch[ROUTE_FIELDS[1]][:, :width])
-    return (batch["input_ids"][:, first:], attn_p[:, first:], batch["responses"][:, :width],
-            attn_r[:, :width], routes)  # fmt: skip
+    rope = batch[ROPE_FIELD][:, :, first:] if ROPE_FIELD in batch else None
+    return _Trimmed(batch["input_ids"][:, first:], attn_p[:, first:], batch["responses"][:, :width],
+                    attn_r[:, :width], routes, rope)  # fmt: skip
 
 
 def sequence_tensors(batch: Batch) -> ModelInputs:
     """Model inputs for `batch`'s rows, trimmed to the columns some row uses (see the module docstring)."""
-    return _row_inputs(*_trimmed(batch))
+    return _row_inputs(_trimmed(batch), vision_inputs(batch))
 
 
-def _row_inputs(
-    ids_p: Tensor, attn_p: Tensor, responses: Tensor, attn_r: Tensor, routes: tuple[Tensor, Tensor] | None
-) -> ModelInputs:
-    input_ids = torch.cat([ids_p, responses], dim=1)  # (m, s)
-    attention = torch.cat([attn_p, attn_r], dim=1)  # (m, s)
+def vision_inputs(batch: Batch) -> dict[str, Tensor] | None:
+    """The rows' images as one forward takes them: `pixel_values` and `image_grid_thw` of every row with
+    images, concatenated in row order (the order of their placeholder tokens), or None without images."""
+    if VISION_FIELD not in batch:
+        return None
+    rows = [x for x in batch[VISION_FIELD] if x]
+    if not rows:
+        return None
+    return {key: torch.cat([x[key] for x in rows]) for key in ("pixel_values", "image_grid_thw")}
+
+
+def _row_inputs(t: _Trimmed, vision: dict[str, Tensor] | None = None) -> ModelInputs:
+    input_ids = torch.cat([t.ids_p, t.responses], dim=1)  # (m, s)
+    attention = torch.cat([t.attn_p, t.attn_r], dim=1)  # (m, s)
     position_ids = (attention.cumsum(dim=-1) - 1).clamp(min=0)  # (m, s)
+    if t.rope is not None:  # M-RoPE: the prompt's own, the response's continuing as text
+        response = response_rope_positions(t.rope, t.attn_p, position_ids[:, t.ids_p.shape[1] :])
+        position_ids = torch.cat([t.rope, response], dim=2).transpose(0, 1)  # (3, m, s)
     return ModelInputs(
-        input_ids=input_ids, attention_mask=attention, position_ids=position_ids, labels=responses,
-        token_kind=_kinds(attn_p, attn_r).reshape(-1), routes=_row_routes(routes),
+        input_ids=input_ids, attention_mask=attention, position_ids=position_ids, labels=t.responses,
+        token_kind=_kinds(t.attn_p, t.attn_r).reshape(-1), routes=_row_routes(t.routes), vision=vision,
     )  # fmt: skip
 
 
@@ -163,7 +198,10 @@ def model_inputs(model: nn.Module, batch: Batch, *, share_prompts: bool = True) 
     same either way (to rounding).
     """
     hidden = _packable_hidden(model) if share_prompts and sp_group(model) is None else None
-    ids_p, attn_p, responses, attn_r, routes = _trimmed(batch)
+    t = _trimmed(batch)
+    if t.rope is not None:  # a vision-language model: rows (packing images is not measured yet)
+        return _row_inputs(t, vision_inputs(batch))
+    ids_p, attn_p, attn_r = t.ids_p, t.attn_p, t.attn_r
     left_padded = bool((attn_p[:, 1:] >= attn_p[:, :-1]).all()) and bool(attn_p[:, -1].all())
     if hidden is not None and len(batch) > 1 and left_padded:
         group = prompt_groups(ids_p, attn_p)
@@ -172,17 +210,15 @@ def model_inputs(model: nn.Module, batch: Batch, *, share_prompts: bool = True) 
             plan, width = choose_plan(prompt_len, attn_r.sum(dim=1).tolist(), group.tolist(), hidden)
             row_width = ids_p.shape[1] + attn_r.shape[1]
             if width <= _window(model) and worth_packing(len(batch), row_width, len(plan), width, hidden):
-                return _packed_inputs(ids_p, attn_p, responses, attn_r, routes, plan, width)
-    return _row_inputs(ids_p, attn_p, responses, attn_r, routes)
+                return _packed_inputs(t, plan, width)
+    return _row_inputs(t)
 
 
-def _packed_inputs(
-    ids_p: Tensor, attn_p: Tensor, responses: Tensor, attn_r: Tensor, routes: tuple[Tensor, Tensor] | None,
-    plan: list, width: int,
-) -> ModelInputs:  # fmt: skip
+def _packed_inputs(t: _Trimmed, plan: list, width: int) -> ModelInputs:
     """The prompt-packed inputs of `plan` (`shared_prompt.pack_plan`). Each packed column's source,
     a flat index into the row layout [prompt | response], is packed as if it were a token id (+ 1:
     padding packs as 0), so the tokens, their kinds and their routes follow the same layout."""
+    ids_p, attn_p, responses, attn_r, routes = t.ids_p, t.attn_p, t.responses, t.attn_r, t.routes
     m, p = ids_p.shape
     index = torch.arange(1, m * (p + responses.shape[1]) + 1, device=ids_p.device).view(m, -1)
     source, allowed, pos, gather = pack_plan(index[:, :p], attn_p, index[:, p:], attn_r, plan, width)
@@ -228,8 +264,9 @@ def response_logits(model: nn.Module, inputs: ModelInputs) -> Tensor:
             position_ids=inputs.position_ids,
             use_cache=False,
             logits_to_keep=width + 1,  # the last prompt position predicts the first response token
+            **_on_device(inputs.vision, inputs.input_ids.device),
         )
-        return out.logits[:, :-1]  # (m, r, v)
+        return _suppressed(model, out.logits[:, :-1])  # (m, r, v)
     out = model(
         input_ids=inputs.input_ids,
         attention_mask=packed_mask(model, inputs),
@@ -257,6 +294,17 @@ def response_logprobs(
     logits = response_logits(model, inputs)  # (m, r, v), or (m, r, v / tp) split by vocabulary
     logprob = _logprobs(model, logits, inputs.labels, temperature)  # (m, r)
     return logprob, _entropies(model, logits, temperature, entropy, entropy_grad)
+
+
+def _suppressed(model: nn.Module, logits: Tensor) -> Tensor:
+    """`logits` with a vision-language model's placeholder tokens suppressed (`placeholder_ids`), in place."""
+    banned = placeholder_ids(model)
+    return suppress(logits, torch.tensor(banned)) if banned else logits
+
+
+def _on_device(vision: dict[str, Tensor] | None, device: torch.device) -> dict[str, Tensor]:
+    """The vision inputs as forward keywords on `device` (none without images)."""
+    return {k: v.to(device) for k, v in (vision or {}).items()}
 
 
 def _logprobs(model: nn.Module, logits: Tensor, labels: Tensor, temperature: float) -> Tensor:
@@ -452,7 +500,9 @@ def compute_logprobs(
     its samples where that pays (`share_prompts`); under FSDP every rank of the model's mesh must call
     it (the micro-batch count is agreed with one collective).
     """
-    work = batch.select(*SEQUENCE_FIELDS, *(k for k in ROUTE_FIELDS if k in batch))
+    work = batch.select(
+        *SEQUENCE_FIELDS, *(k for k in (*ROUTE_FIELDS, ROPE_FIELD, VISION_FIELD) if k in batch)
+    )
     mask = batch["response_mask"]
     b, t = mask.shape
     logprobs = torch.zeros(b, t, dtype=torch.float32, device=mask.device)

@@ -15,6 +15,7 @@ Every data_source that verl's `default_compute_score` scores without a server, w
 | `countdown`                                                     | `countdown` (TinyZero; 1 / 0.1 / 0) |
 | `builtin/<task>` for every task of `rlcore.data.tasks`          | `rlcore.data.tasks.compute_score`   |
 | `builtin/calc` (multi-turn, `rlcore.data.agent_tasks`)          | `agent_tasks.compute_score`         |
+| `builtin/shapes` (images, `rlcore.data.shapes`)                 | `shapes.compute_score`              |
 | `reasoning_gym/<task>` (`rlcore.data.reasoning_gym`)            | the task's own `score_answer` on the extracted answer |
 
 `--reward.math-verifier math-verify` scores the MATH, DAPO / AIME and `numina_*` rows with math-verify
@@ -31,7 +32,7 @@ import importlib.util
 from collections.abc import Iterable
 from typing import Any
 
-from rlcore.data import agent_tasks, reasoning_gym, tasks
+from rlcore.data import agent_tasks, reasoning_gym, shapes, tasks
 from rlcore.rewards import (
     code,
     countdown,
@@ -65,6 +66,7 @@ REWARD_FNS: dict[str, RewardFn] = {
     **dict.fromkeys(CODE_SOURCES, code.compute_score),
     **{f"builtin/{name}": tasks.compute_score for name in tasks.TASKS},
     agent_tasks.DATA_SOURCE: agent_tasks.compute_score,
+    shapes.DATA_SOURCE: shapes.compute_score,
 }
 """Built-in rewards by data_source; every entry has verl's `compute_score` signature."""
 

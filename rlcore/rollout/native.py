@@ -61,7 +61,9 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, StaticCa
 
 from rlcore.batch import Batch
 from rlcore.data.prompts import pad_token_id
+from rlcore.models.forward import ROPE_FIELD, VISION_FIELD, vision_inputs
 from rlcore.models.moe import MOE_FAMILIES, RouterTap, router_tap
+from rlcore.models.vision import placeholder_ids, suppress
 from rlcore.rollout.base import SamplingParams
 from rlcore.rollout.lean import full_attention_only, lean_decoder
 from rlcore.rollout.sampling import check_sampling, sample_tokens
@@ -213,6 +215,7 @@ class NativeEngine:
             if compile and self._lean is None
             else model
         )
+        self._banned = torch.tensor(placeholder_ids(model), dtype=torch.long, device=self.device)
         self._tap = router_tap(model)  # a mixture of experts: generate routes by its own routers
         self._record = record_routes
         if record_routes and self._tap is None:
@@ -319,38 +322,46 @@ class NativeEngine:
         return DynamicCache(config=config) if isinstance(config, PretrainedConfig) else DynamicCache()
 
     def _forward(
-        self, fn: Any, ids: Tensor, mask: Tensor, pos: Tensor, cache: Cache, *, last: bool
+        self, fn: Any, ids: Tensor, mask: Tensor, pos: Tensor, cache: Cache, *, last: bool, **vision: Tensor
     ) -> Tensor:
-        kwargs: dict[str, Any] = {self._cache_kw: cache, "use_cache": True}
+        kwargs: dict[str, Any] = {self._cache_kw: cache, "use_cache": True, **vision}
         if last and self._keep_kw is not None:
             kwargs[self._keep_kw] = 1
         out = fn(input_ids=ids, attention_mask=mask, position_ids=pos, **kwargs)
-        return out.logits[:, -1]  # (b, v)
+        logits = out.logits[:, -1]  # (b, v)
+        return suppress(logits, self._banned) if self._banned.numel() else logits
 
     def _start(self, prompts: Batch, sp: SamplingParams) -> tuple[Any, Tensor]:
         """(decoding state, last prompt logits (b*n, v)): the prompts prefilled once each by the Hugging
         Face forward, their cache rows and logits repeated n times (a prompt's samples consecutive).
 
-        With the static cache (fixed shapes) every sample prefills its own copy instead."""
+        With the static cache (fixed shapes) every sample prefills its own copy instead. A vision-language
+        prompt batch prefills with its images and M-RoPE positions (the vision tower runs once per prompt);
+        its response continues as text from the largest prompt position + 1."""
         ids = prompts["input_ids"].to(self.device)  # (b, p)
         pos = _positions(prompts, self.device)  # (b, p)
         prompt_mask = prompts["attention_mask"].to(self.device)  # (b, p)
         n, static = sp.n, self.kv_cache == "static"
         if static and n > 1:
+            if ROPE_FIELD in prompts:
+                raise ValueError("kv_cache='static' does not take images (each sample would prefill them)")
             ids, pos, prompt_mask = (x.repeat_interleave(n, dim=0) for x in (ids, pos, prompt_mask))
             n = 1
+        vision, rope, after = _vision_prefill(prompts, pos, self.device)
         if self._lean is not None:
             cache = self._new_cache(ids.shape[1])
-            logits = self._forward(self.model, ids, prompt_mask, pos, cache, last=True)
-            state = self._lean.start(cache, prompt_mask, pos[:, -1:] + 1, n, sp.max_tokens)
+            logits = self._forward(self.model, ids, prompt_mask, rope, cache, last=True, **vision)
+            state = self._lean.start(cache, prompt_mask, after, n, sp.max_tokens)
             return state, logits.repeat_interleave(n, dim=0)
         cache = self._new_cache(ids.shape[1] + sp.max_tokens)
         mask = torch.cat([prompt_mask, prompt_mask.new_zeros((ids.shape[0], sp.max_tokens))], dim=1)
-        logits = self._forward(self.model, ids, mask if static else prompt_mask, pos, cache, last=True)
+        logits = self._forward(
+            self.model, ids, mask if static else prompt_mask, rope, cache, last=True, **vision
+        )
         if n > 1:
             cache.batch_repeat_interleave(n)
-            logits, mask, pos = (x.repeat_interleave(n, dim=0) for x in (logits, mask, pos))
-        return _HFState(self, cache, mask, pos[:, -1:] + 1, ids.shape[1]), logits
+            logits, mask, after = (x.repeat_interleave(n, dim=0) for x in (logits, mask, after))
+        return _HFState(self, cache, mask, after, ids.shape[1]), logits
 
     def _decode(
         self, prompts: Batch, sp: SamplingParams, generator: torch.Generator, routes: _RouteLog | None
@@ -439,6 +450,13 @@ class NativeEngine:
             "attention_mask": torch.cat([mask, torch.ones_like(sampled, dtype=mask.dtype)], dim=1),
             "position_ids": torch.cat([pos, after], dim=1),
         })  # fmt: skip
+        if ROPE_FIELD in prompts:  # a vision-language prompt: its images, and the tokens so far as text
+            rope = prompts[ROPE_FIELD][rows].to(self.device)  # (a, 3, p)
+            text = rope.amax(dim=(1, 2))[:, None] + torch.arange(1, k + 1, device=self.device)  # (a, k)
+            context = context.with_(
+                rope_positions=torch.cat([rope, text[:, None, :].expand(-1, 3, -1)], dim=2),
+                multi_modal_inputs=[prompts[VISION_FIELD][i] for i in rows.tolist()],
+            )
         return self._start(context, dataclasses.replace(sp, n=1, max_tokens=sp.max_tokens - k))
 
 
@@ -554,6 +572,18 @@ def canonical_name(name: str) -> str:
     if parts and parts[0] == "module":
         parts = parts[1:]
     return ".".join(parts)
+
+
+def _vision_prefill(
+    prompts: Batch, pos: Tensor, device: torch.device
+) -> tuple[dict[str, Tensor], Tensor, Tensor]:
+    """(the prefill's vision keywords, its position ids, each row's next position (b, 1)): a vision-language
+    batch's images and (3, b, p) M-RoPE positions (`rlcore.data.vision`), else none and `pos` as given."""
+    if ROPE_FIELD not in prompts:
+        return {}, pos, pos[:, -1:] + 1
+    rope = prompts[ROPE_FIELD].to(device)  # (b, 3, p)
+    vision = {k: v.to(device) for k, v in (vision_inputs(prompts) or {}).items()}
+    return vision, rope.transpose(0, 1), rope.amax(dim=(1, 2))[:, None] + 1
 
 
 def _positions(rows: Batch, device: torch.device) -> Tensor:

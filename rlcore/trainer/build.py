@@ -55,8 +55,8 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm, StepPlan]:
     torch.manual_seed(cfg.trainer.seed)
     algorithm, plan = bind(cfg)
     out_dir = Path(cfg.out_dir or f"runs/{cfg.preset}-{datetime.now():%Y%m%d-%H%M%S}")
-    tokenizer = models.tokenizer_of(cfg)
-    train_ds, val_ds = _datasets(cfg, tokenizer, agents.prompt_tools(agent_files, tokenizer))
+    tokenizer, vision = models.tokenizer_of(cfg), models.vision_of(cfg)
+    train_ds, val_ds = _datasets(cfg, tokenizer, agents.prompt_tools(agent_files, tokenizer), vision)
     models.check_context(cfg, {ds.name: ds.prompt_lengths() for ds in (train_ds, val_ds) if ds is not None})
     # a rollout rank of split placement loads the engine's own copy of the policy instead
     model = models.build_policy(cfg, placement) if trains else models.build_engine_copy(cfg, dist)
@@ -121,10 +121,15 @@ def model_base(cfg: Config) -> dict[str, Any]:
 
 
 def _datasets(
-    cfg: Config, tokenizer: Any, tools: tuple[dict, ...]
+    cfg: Config, tokenizer: Any, tools: tuple[dict, ...], vision: Any
 ) -> tuple[PromptDataset, PromptDataset | None]:
     d, seed = cfg.data, cfg.trainer.seed
-    common = {"max_prompt_length": d.max_prompt_length, "overlong": d.overlong, "tools": tools}
+    common = {
+        "max_prompt_length": d.max_prompt_length,
+        "overlong": d.overlong,
+        "tools": tools,
+        "vision": vision,
+    }
     # an env's first observation can be the first user turn: its rows may leave the prompt out
     reading = {"seed": seed, "prompt_optional": cfg.rollout.env is not None, "answer_format": d.answer_format}
     rows = read_sources(d.train_files, split="train", builtin_size=d.builtin_train_size, **reading)
@@ -150,11 +155,14 @@ def parameter_counts(actor: Any) -> dict[str, float]:
 def report_data(cfg: Config, train: PromptDataset, val: PromptDataset | None, logger: MetricsLogger, *,
                 prints: bool) -> None:  # fmt: skip
     """One `data:` line per file set (rows, prompts dropped for length, prompt-length percentiles) on
-    stdout (stderr keeps warnings and errors), and the dropped counts as `data/train_dropped` / `data/val_dropped` in the first record."""
+    stdout (stderr keeps warnings and errors), and the dropped counts as `data/train_dropped` / `data/val_dropped`
+    (and rows dropped for unreadable images, `data/*_bad_images`) in the first record."""
     sets = {"train": (train, cfg.data.train_files), "val": (val, cfg.data.val_files)}
     for key, (ds, files) in sets.items():
         if ds is None:
             continue
         if prints:
             print(f"data: {ds.name} {' '.join(files)}: {ds.report()}", flush=True)
-        logger.once({f"data/{key}_dropped": float(ds.n_dropped)})
+        logger.once(
+            {f"data/{key}_dropped": float(ds.n_dropped), f"data/{key}_bad_images": float(len(ds.bad_images))}
+        )

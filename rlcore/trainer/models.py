@@ -21,6 +21,16 @@ def tokenizer_of(cfg: Config) -> Any:
         raise ConfigError(f"--model.path: {e}") from None
 
 
+def vision_of(cfg: Config) -> Any:
+    """The policy's image processing (`rlcore.models.vision`), None for a text-only model; no weights load."""
+    from rlcore.models.policy import load_vision
+
+    try:
+        return load_vision(cfg.model.path)
+    except ValueError as e:
+        raise ConfigError(f"--model.path: {e}") from None
+
+
 def _load(cfg: Config, dist: Any) -> Any:
     try:
         model = load_model(cfg.model.path, dtype=DTYPES[cfg.model.dtype], seed=cfg.trainer.seed)

@@ -14,6 +14,8 @@ from tests.dist import workers
 
 def sample_batch(seed: int = 0) -> Batch:
     g = torch.Generator().manual_seed(seed)
+    image = {"pixel_values": torch.rand(6, 12, generator=g), "image_grid_thw": torch.tensor([[1, 2, 3]])}
+    other = {"pixel_values": torch.rand(4, 12, generator=g), "image_grid_thw": torch.tensor([[1, 2, 2]])}
     return Batch.from_dict(
         {
             "responses": torch.randint(0, 100, (4, 5), generator=g),
@@ -24,6 +26,7 @@ def sample_batch(seed: int = 0) -> Batch:
             "uid": [f"u{i // 2}" for i in range(4)],
             "ground_truth": ["12", {"answer": [1, 2]}, None, 3.5],
             "extra_info": [{"index": i, "tags": ["a", "b"]} for i in range(4)],
+            "multi_modal_inputs": [image, image, {}, other],  # a prompt's images, shared by its 2 samples
         },
         meta={"step": 3 + seed, "note": "lagged"},
     )
@@ -36,8 +39,14 @@ def test_a_batch_arrives_whole_blocking_and_async(tmp_path) -> None:
         sent, received = sample_batch(seed), got[key]
         for name, tensor in sent.tensors.items():
             assert received[name].dtype == tensor.dtype and torch.equal(received[name], tensor), name
-        assert received["rows"] == dict(sent.non_tensors)
+        images, sent_images = received["rows"].pop("multi_modal_inputs"), sent["multi_modal_inputs"]
+        assert received["rows"] == {k: v for k, v in sent.non_tensors.items() if k != "multi_modal_inputs"}
         assert received["meta"] == dict(sent.meta)
+        for got_row, sent_row in zip(images, sent_images, strict=True):
+            assert got_row.keys() == sent_row.keys()
+            for name, tensor in sent_row.items():
+                assert got_row[name].dtype == tensor.dtype and torch.equal(got_row[name], tensor), name
+        assert images[0]["pixel_values"] is images[1]["pixel_values"]  # sent once, shared again
 
 
 def test_values_json_cannot_carry_are_refused_naming_the_field() -> None:

@@ -138,7 +138,7 @@ def test_missing_path_is_one_clear_line(tmp_path):
         load_policy(str(tmp_path))
     with pytest.raises(
         ValueError,
-        match=r"unknown built-in model builtin:huge; choose one of \['small', 'tiny', 'tiny-calc', 'tiny-moe', 'tiny-reverse'\]",
+        match=r"unknown built-in model builtin:huge; choose one of \['small', 'tiny', 'tiny-calc', 'tiny-moe', 'tiny-reverse', 'tiny-vl'\]",
     ):
         load_policy("builtin:huge")
 

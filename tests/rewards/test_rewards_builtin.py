@@ -179,6 +179,7 @@ def _examples() -> dict[str, tuple[str, str, object]]:
         "<tool>calculator: 12*3</tool>",
         "36",
     )
+    out["builtin/shapes"] = (" 2\n", "3", "2")  # the count, stripped
     return out
 
 

@@ -1,0 +1,102 @@
+"""Vision-language policies: which families rlcore covers and how their image processing loads.
+
+    vp = load_vision_processor(directory, config, tokenizer)   # None for a text-only model
+
+The families share Qwen2-VL's image processing (patches merged 2x2 into one language-model token) and
+its multimodal rotary positions (`rlcore.data.vision`). Their models come from
+`AutoModelForImageTextToText`; their chat template may sit beside the tokenizer (`chat_template.jinja`
+or `chat_template.json`, as processors save it).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlcore.data.vision import VisionProcessor
+
+VISION_FAMILIES: dict[str, str] = {
+    "qwen2_vl": "Qwen2VLImageProcessorPil",
+    "qwen2_5_vl": "Qwen2VLImageProcessorPil",
+    "qwen3_vl": "Qwen2VLImageProcessorPil",
+}
+"""model_type -> the PIL image processor class of `transformers` that prepares its pixels."""
+
+VISION_FIELDS = ("pixel_values", "image_grid_thw")
+"""The per-row vision inputs a batch carries in `multi_modal_inputs` (see `rlcore.data.prompts`)."""
+
+
+def is_vision_config(config: Any) -> bool:
+    """Whether a model config is of a vision-language family rlcore covers."""
+    return getattr(config, "model_type", None) in VISION_FAMILIES
+
+
+def placeholder_ids(model: Any) -> list[int]:
+    """The image and video placeholder ids of a vision-language model (none for a text model). The policy
+    never samples them: a placeholder in a response would claim image features the forward does not
+    have, so the engine and every trainer forward give them `suppress`'s logit (the same distribution
+    on both sides)."""
+    config = getattr(model, "config", None)
+    if not is_vision_config(config):
+        return []
+    vocab = config.get_text_config().vocab_size  # (a built-in model has no video token in its vocabulary)
+    ids = (getattr(config, "image_token_id", None), getattr(config, "video_token_id", None))
+    return [i for i in ids if i is not None and 0 <= i < vocab]
+
+
+def vision_processor_of(config: Any, image_processor: Any, tokenizer: Any) -> VisionProcessor:
+    """The `VisionProcessor` of a vision-language `config` with its image processor and tokenizer."""
+    token = getattr(tokenizer, "image_token", None) or "<|image_pad|>"
+    token_id = tokenizer.convert_tokens_to_ids(token)
+    if token_id != config.image_token_id:
+        raise ValueError(
+            f"the tokenizer's {token} is id {token_id} but the model's image_token_id is {config.image_token_id}"
+        )
+    return VisionProcessor(image_processor=image_processor, image_token=token, image_token_id=token_id,
+                           merge=config.vision_config.spatial_merge_size)  # fmt: skip
+
+
+def load_vision_processor(directory: Path, config: Any, tokenizer: Any) -> VisionProcessor | None:
+    """The `VisionProcessor` of the model in `directory` (its `preprocessor_config.json`), or None for a
+    text-only model."""
+    if not is_vision_config(config):
+        return None
+    import transformers
+
+    settings = _processor_settings(directory)
+    cls = getattr(transformers, VISION_FAMILIES[config.model_type], None)
+    if cls is None:  # older transformers export it from the family's module only
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil as cls
+    keys = ("patch_size", "merge_size", "temporal_patch_size", "min_pixels", "max_pixels", "size",
+            "image_mean", "image_std")  # fmt: skip
+    return vision_processor_of(config, cls(**{k: settings[k] for k in keys if k in settings}), tokenizer)
+
+
+def _processor_settings(directory: Path) -> dict[str, Any]:
+    for name in ("preprocessor_config.json", "processor_config.json"):
+        path = directory / name
+        if path.is_file():
+            doc = json.loads(path.read_text())
+            return doc.get("image_processor", doc)
+    raise ValueError(f"{directory}: a vision-language model without preprocessor_config.json")
+
+
+def chat_template_of(directory: Path) -> str | None:
+    """A processor's chat template kept beside the tokenizer (`chat_template.jinja` / `.json`), or None."""
+    jinja = directory / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text()
+    path = directory / "chat_template.json"
+    if path.is_file():
+        return json.loads(path.read_text()).get("chat_template")
+    return None
+
+
+def suppress(logits: Tensor, ids: Tensor) -> Tensor:
+    """`logits` (..., v) with columns `ids` set, in place, to -1e9 (or the dtype's lowest): probability
+    exactly 0 after a softmax, yet finite, so entropies and temperature scaling stay finite."""
+    return logits.index_fill_(-1, ids.to(logits.device), max(-1e9, torch.finfo(logits.dtype).min))
