@@ -47,6 +47,9 @@ class ModelConfig:
     """Module names to adapt (e.g. q_proj v_proj), and on a mixture of experts its fused expert tensors
     (experts.gate_up_proj experts.down_proj: one adapter pair per expert); empty: every linear layer of
     attention and MLP, and the expert tensors."""
+    freeze_vision: bool = False
+    """A vision-language policy: keep its vision tower (patch embedding, blocks, merger) frozen, so only the
+    language model trains (with LoRA the whole base is frozen anyway; LoRA adapts the language model only)."""
 
 
 @dataclass(frozen=True, kw_only=True)

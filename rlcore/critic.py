@@ -44,9 +44,14 @@ class ValueModel(nn.Module):
         """The backbone's config (hidden size, attention implementation: shared-prompt packing reads them)."""
         return self.backbone.config
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
-        """V at every position: (m, s) float32."""
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, **vision: Tensor
+    ) -> Tensor:
+        """V at every position: (m, s) float32. `vision`: a vision-language backbone's images
+        (`rlcore.models.forward.vision_inputs`)."""
+        out = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **vision
+        )
         hidden = out.last_hidden_state  # (m, s, h)
         return self.value_head(hidden).float().squeeze(-1).clone()  # (m, s); a fresh tensor, not a view
 
@@ -62,7 +67,7 @@ def build_critic(
         from rlcore.models.lora import apply_lora
 
         lm = apply_lora(lm, seed=seed, **lora)
-    critic = ValueModel(lm.model, lm.config.hidden_size).to(dtype)
+    critic = ValueModel(lm.model, lm.config.get_text_config().hidden_size).to(dtype)
     return critic.train()
 
 
@@ -79,7 +84,8 @@ def response_values(critic: nn.Module, micro: Batch, *, share_prompts: bool = Tr
         return layout.unshift(gather_sequence(values, group), columns)  # (m, r)
     if inputs.gather is None:
         r = inputs.labels.shape[1]
-        values = critic(inputs.input_ids, inputs.attention_mask, inputs.position_ids)  # (m, s)
+        vision = {k: v.to(inputs.input_ids.device) for k, v in (inputs.vision or {}).items()}
+        values = critic(inputs.input_ids, inputs.attention_mask, inputs.position_ids, **vision)  # (m, s)
         return values[:, -r - 1 : -1]  # the position before each response token
     values = critic(inputs.input_ids, packed_mask(critic, inputs), inputs.position_ids)  # (G, L)
     return values[:, -inputs.keep :].reshape(-1)[inputs.gather]  # (m, r)

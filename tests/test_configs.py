@@ -202,3 +202,25 @@ def test_router_replay_needs_a_mixture_of_experts():
         f"--algo.router-replay replay with --model.path {BASE.model.path}: a llama model has no router; use a "
         "mixture of experts (mixtral, olmoe, qwen2_moe, qwen3_moe) or --algo.router-replay off"
     )
+
+
+@pytest.mark.parametrize(
+    ("parts", "message"),
+    [
+        ({"trainer": TrainerConfig(tp=2)}, "--trainer.tp 2 --trainer.sp 1: tensor and sequence parallelism have no "
+         "plan for the vision tower and M-RoPE yet; use FSDP2 (data parallel) alone"),
+        ({"rollout": RolloutConfig(max_turns=2)}, "--rollout.max-turns / --rollout.env: the agent loop does not "
+         "carry images yet; use single-turn rollouts"),
+    ],
+)  # fmt: skip
+def test_what_a_vision_language_policy_does_not_compose_with_is_refused(parts, message):
+    """Read from the model's config before any weights load."""
+    from rlcore.trainer.models import check_vision
+
+    vl = ModelConfig(path="builtin:tiny-vl", freeze_vision=True)
+    check_vision(with_(BASE, model=vl))
+    with pytest.raises(ConfigError) as info:
+        check_vision(with_(BASE, model=vl, **parts))
+    assert str(info.value) == f"{message} (--model.path builtin:tiny-vl is a vision-language model)"
+    with pytest.raises(ConfigError, match=r"^--model.freeze-vision: --model.path builtin:tiny-reverse has no vision"):
+        check_vision(with_(BASE, model=ModelConfig(freeze_vision=True)))

@@ -28,6 +28,8 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from rlcore.models.vision import is_vision_config
+
 _WRAPPED = re.compile(r"(\.base_layer)+\.")
 
 ADAPTER = "default"
@@ -59,6 +61,7 @@ def apply_lora(
         )
     chosen = list(targets) or _default_targets(model)
     modules, params = _split_targets(chosen)
+    modules = _language_only(model, modules)
     if params and dropout > 0:
         raise ValueError(
             f"the expert tensors {params} take no LoRA dropout (their adapter folds into the weight); "
@@ -90,6 +93,16 @@ def _default_targets(model: nn.Module) -> str | list[str]:
     if not experts:
         return "all-linear"
     return [name for name in _linear_names(model) if name != "lm_head"] + experts
+
+
+def _language_only(model: nn.Module, modules: str | list[str]) -> str | list[str]:
+    """A vision-language model's targets restricted to its language model (a regex over module names, as
+    peft matches one; "all-linear" is every linear layer there); a text model's as given."""
+    language = getattr(getattr(model, "model", None), "language_model", None)
+    if language is None or not is_vision_config(getattr(model, "config", None)):
+        return modules
+    names = _linear_names(language) if modules == "all-linear" else list(modules)
+    return rf"(.*\.)?language_model\..*\.({'|'.join(map(re.escape, names))})"
 
 
 EXPERT_TARGETS = ("experts.gate_up_proj", "experts.down_proj")

@@ -35,6 +35,15 @@ def is_vision_config(config: Any) -> bool:
     return getattr(config, "model_type", None) in VISION_FAMILIES
 
 
+def vision_tower(model: Any) -> Any:
+    """The vision tower module of a vision-language model (`model.model.visual` in every family), or None."""
+    return (
+        getattr(getattr(model, "model", None), "visual", None)
+        if is_vision_config(getattr(model, "config", None))
+        else None
+    )
+
+
 def placeholder_ids(model: Any) -> list[int]:
     """The image and video placeholder ids of a vision-language model (none for a text model). The policy
     never samples them: a placeholder in a response would claim image features the forward does not

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,9 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm, StepPlan]:
                            wandb_project=cfg.log.project, run_name=out_dir.name, config=record(cfg),
                            progress=cfg.log.progress)  # fmt: skip
     report_data(cfg, train_ds, val_ds, logger, prints=placement.writes)
+    if vision is not None and cfg.algo.share_prompts and placement.writes:
+        print("warning: --algo.share-prompts is off for a vision-language policy: its forwards run one row per "
+              "sample (packing image tokens is not measured yet)", file=sys.stderr, flush=True)  # fmt: skip
     if actor is not None:  # what trains (a LoRA policy: the adapters) and what the optimizer holds
         logger.once(parameter_counts(actor))
     samples = SampleWriter(out_dir, tokenizer, k=cfg.log.samples if placement.writes else 0,

@@ -10,7 +10,7 @@ from typing import Any
 from configs import Config, ConfigError
 from rlcore.dist.reduce import world_max
 from rlcore.models.policy import load_model, load_tokenizer
-from rlcore.trainer.algorithm import DTYPES, sync_bucket_bytes
+from rlcore.trainer.algorithm import DTYPES, need, sync_bucket_bytes
 
 
 def tokenizer_of(cfg: Config) -> Any:
@@ -54,6 +54,10 @@ def build_policy(cfg: Config, placement: Any) -> Any:
     """The trained policy, split over the placement's axes (`shard`)."""
     model = _routed(_load(cfg, placement.local), cfg)
     model.train()
+    if cfg.model.freeze_vision:
+        from rlcore.models.vision import vision_tower
+
+        vision_tower(model).requires_grad_(False)
     if cfg.model.lora_rank > 0:
         model = _with_lora(model, cfg)
     if cfg.model.activation_checkpointing:
@@ -237,6 +241,29 @@ def check_routing(cfg: Config) -> None:
         )
 
 
+def check_vision(cfg: Config) -> None:
+    """Refuse, before any weights load, what a vision-language policy does not compose with yet (one line)."""
+    from rlcore.models.vision import is_vision_config
+
+    c, r, t = cfg.model.path, cfg.rollout, cfg.trainer
+    try:
+        config = _model_config(c)
+    except ConfigError:  # loading the model reports what is wrong with its path
+        return
+    if not is_vision_config(config):
+        need(not cfg.model.freeze_vision, f"--model.freeze-vision: --model.path {c} has no vision tower")
+        return
+    refusals = (
+        (t.tp == 1 and t.sp == 1, f"--trainer.tp {t.tp} --trainer.sp {t.sp}: tensor and sequence parallelism "
+         "have no plan for the vision tower and M-RoPE yet; use FSDP2 (data parallel) alone"),
+        (r.max_turns == 1 and r.env is None, "--rollout.max-turns / --rollout.env: the agent loop does not carry "
+         "images yet; use single-turn rollouts"),
+    )  # fmt: skip
+    for ok, why in refusals:
+        if not ok:
+            raise ConfigError(f"{why} (--model.path {c} is a vision-language model)")
+
+
 def check_context(cfg: Config, prompt_lengths: dict[str, Sequence[int]]) -> None:
     """Refuse, before any weights load, a kept prompt (chat template and tools rendered) that leaves no room
     for --rollout.max-tokens (which in the agent loop covers every turn and observation) within the model's
@@ -274,7 +301,7 @@ def _positions(path: str) -> int | None:
         config = _model_config(path)
     except ConfigError:
         return None
-    limit = getattr(config, "max_position_embeddings", None)
+    limit = getattr(config.get_text_config(), "max_position_embeddings", None)  # (a VLM: its language model)
     return limit if isinstance(limit, int) else None
 
 

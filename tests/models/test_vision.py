@@ -181,3 +181,26 @@ def test_bad_images_are_one_line_naming_the_row(tmp_path):
         PromptDataset([good, row_from_dict(bad, "r7")], tok, vision=vp, overlong="error")
     ds = PromptDataset([good, row_from_dict(bad, "r7")], tok, vision=vp, overlong="drop")
     assert len(ds) == 1 and len(ds.bad_images) == 1 and "1 dropped for their images (first: r7:" in ds.report()
+
+
+def test_critic_lora_and_freezing_see_the_language_model_and_the_images():
+    from rlcore.critic import build_critic, compute_values
+    from rlcore.models.lora import adapter_params, apply_lora
+    from rlcore.models.vision import vision_tower
+
+    m, tok = model("qwen2_vl"), tokenizer()
+    out = NativeEngine(m, tok).generate(make_prompt_batch(rows(), tok, vision=vision("qwen2_vl")),
+                                        SamplingParams(n=2, max_tokens=4, seed=0))  # fmt: skip
+    critic = build_critic("builtin:tiny-vl", seed=0)
+    torch.nn.init.normal_(critic.value_head.weight)  # (the head starts at zero)
+    values = compute_values(critic, out)
+    blind = compute_values(critic, out.select(*(k for k in out.keys() if k != "rope_positions")))  # noqa: SIM118
+    image_rows = torch.tensor([bool(x) for x in out["multi_modal_inputs"]])
+    assert (values - blind)[image_rows].abs().max() > 1e-3 and torch.equal(values[~image_rows], blind[~image_rows])
+    names = [n for n, _ in adapter_params(apply_lora(model("qwen2_vl"), rank=2, alpha=4, dropout=0, targets=()))]
+    assert names and all(".language_model." in n for n in names)  # never the vision tower
+    assert len(names) == 2 * 2 * 7  # 2 layers x q k v o gate up down x (A, B)
+    names = [n for n, _ in adapter_params(apply_lora(model("qwen2_5_vl"), rank=2, alpha=4, dropout=0,
+                                                     targets=["up_proj"]))]  # fmt: skip
+    assert len(names) == 2 * 2 and all(".language_model." in n for n in names)  # its vision MLP has up_proj too
+    assert sum(p.numel() for p in vision_tower(m).parameters()) > 0 and vision_tower(model("qwen3_vl")) is not None
