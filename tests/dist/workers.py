@@ -385,3 +385,38 @@ def sp_logprobs_and_grads(rank: int, directory: Path, kind: str, fsdp: bool, kv_
     diffs["grad_scale"] = max(q.grad.abs().max().item() for q in reference.parameters())
     if rank == 0:
         torch.save(diffs, directory / f"sp-{kind}-{fsdp}-{kv_heads}.pt")
+
+
+def vision_rollout() -> Batch:
+    """builtin:tiny-vl's rollout of 4 shapes prompts x 2 samples (seeded), with perturbed old log-probs and
+    advantages: the same on every rank and in the test process."""
+    from rlcore.data.prompts import make_prompt_batch
+    from rlcore.data.rows import row_from_dict
+    from rlcore.data.shapes import generate_rows
+    from rlcore.models.policy import load_vision
+    from rlcore.rollout.base import SamplingParams
+    from rlcore.rollout.native import NativeEngine
+    from tests.dist.rollouts import with_logprobs
+
+    model, tokenizer = load_policy("builtin:tiny-vl")
+    rows = [row_from_dict(r, f"r{i}") for i, r in enumerate(generate_rows("train", 4, seed=3))]
+    prompts = make_prompt_batch(rows, tokenizer, vision=load_vision("builtin:tiny-vl"), uids=list("abcd"))
+    out = NativeEngine(model, tokenizer).generate(prompts, SamplingParams(n=2, max_tokens=4, seed=0))
+    advantages = torch.linspace(-1, 1, len(out))[:, None] * out["response_mask"]
+    out = out.select(*(k for k in out.keys() if k != "rollout_logprobs"))  # noqa: SIM118
+    return with_logprobs(model, out).with_(advantages=advantages)
+
+
+def vision_update(rank: int, directory: Path, algo: AlgoConfig, optim: OptimConfig) -> None:
+    """One update_step of builtin:tiny-vl sharded by FSDP2 (its decoder layers and vision blocks) over 2 ranks,
+    each with its 2 prompts' rows; rank 0 saves the metrics and the gathered weights."""
+    info = init_distributed("cpu")
+    batch = vision_rollout()
+    model, _ = load_policy("builtin:tiny-vl")
+    apply_fsdp(model, build_mesh(info))
+    state = new_state(model, optim)
+    local = rank_rows(batch, n=2, prompts_per_update=4, rank=rank, world=WORLD)
+    _, metrics = update(state, local, algo, optim, horizon=4)
+    weights = gathered_state(model)
+    if rank == 0:
+        torch.save({"metrics": metrics, "weights": weights}, directory / "vision.pt")
