@@ -62,7 +62,9 @@ def decode_image(spec: Any, origin: str, index: int) -> Any:
             return image.convert("RGB")
     except DataError:
         raise
-    except (UnidentifiedImageError, OSError, ValueError, TypeError) as e:
+    except UnidentifiedImageError:
+        raise DataError(f"{where}: cannot decode the image (not an image format PIL reads)") from None
+    except (OSError, ValueError, TypeError) as e:
         raise DataError(f"{where}: cannot decode the image ({type(e).__name__}: {e})") from None
 
 

@@ -113,7 +113,7 @@ def encode_rows_keeping_lengths(
         try:
             tokens = encode_prompt(tokenizer, row, tools, vision)
         except DataError as e:
-            if overlong == "error" or bad is None or not row.images:
+            if overlong == "error" or bad is None or not row.images or vision is None:  # (a text model: refused)
                 raise
             bad.append(str(e))
             continue

@@ -165,7 +165,7 @@ def test_batch_operations_checkpoints_and_concat_keep_the_vision_inputs():
 def test_bad_images_are_one_line_naming_the_row(tmp_path):
     tok, vp = tokenizer(), vision("qwen2_vl")
     bad = {"data_source": "x", "prompt": "<image>?", "images": [{"bytes": b"not an image"}]}
-    with pytest.raises(DataError, match=r"^r7: field 'images\[0\]': cannot decode the image \(UnidentifiedImageError"):
+    with pytest.raises(DataError, match=r"^r7: field 'images\[0\]': cannot decode the image \(not an image format PIL reads\)$"):
         make_prompt_batch([row_from_dict(bad, "r7")], tok, vision=vp)
     missing = {**bad, "images": [{"path": str(tmp_path / "none.png")}]}
     with pytest.raises(DataError, match=r"^r1: field 'images\[0\]': image file .*none\.png not found$"):

@@ -25,6 +25,12 @@ GOOD = {"data_source": "builtin/reverse", "prompt": [{"role": "user", "content":
         "reward_model": {"ground_truth": "21"}}  # fmt: skip
 
 
+IMAGE = {"data_source": "builtin/shapes", "prompt": "<image>how many red circles?",
+         "reward_model": {"ground_truth": "1"}}  # fmt: skip
+RED = "iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAIAAAD91JpzAAAAFklEQVR4nGP8z8DAwMDAxMDAwMDAAAANHQEDasKb6QAAAABJRU5ErkJggg=="
+"""A 2x2 red PNG."""
+
+
 def _rows(*rows: dict) -> str:
     return "".join(json.dumps(row) + "\n" for row in rows)
 
@@ -61,6 +67,9 @@ FILES = {
     "nan_reward.py": "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return float('nan')\n",
     "tools_none.py": "X = 1\n",
     "a_file": "not a directory\n",
+    "bad_image.jsonl": _rows(IMAGE | {"images": [{"base64": "bm90IGFuIGltYWdl"}]}),
+    "two_images.jsonl": _rows(IMAGE | {"images": [{"base64": RED}] * 2}),
+    "image_row.jsonl": _rows(IMAGE | {"images": [{"base64": RED}]}),
     "empty_dir/": None,
     "no_config/": None,
     "bad_config/config.json": "{not json",
@@ -209,6 +218,15 @@ CASES = [  # (case, flags, the error line after "error: ")
      "checkpoints/step_<N> directory written by a finished save, or auto, or none"),
     ("resume from a damaged checkpoint", ["--resume", "{d}/damaged_checkpoint"],
      "--resume {d}/damaged_checkpoint: checkpoint {d}/damaged_checkpoint cannot be loaded (…"),
+    ("unreadable image, rejected", [F, "{d}/bad_image.jsonl", "--model.path", "builtin:tiny-vl", "--data.overlong",
+     "error"], "{d}/bad_image.jsonl line 1: field 'images[0]': cannot decode the image (not an image format PIL "
+     "reads)"),
+    ("images and placeholders differ", [F, "{d}/two_images.jsonl", "--model.path", "builtin:tiny-vl"],
+     "{d}/two_images.jsonl line 1: field 'images' holds 2 images but the prompt has 1 <image> placeholders; give "
+     "one placeholder per image"),
+    ("images for a text model", [F, "{d}/image_row.jsonl"],
+     "{d}/image_row.jsonl line 1: field 'images': the model is not a vision-language model; give --model.path a "
+     "Qwen2-VL / Qwen2.5-VL / Qwen3-VL model (or builtin:tiny-vl)"),
     ("output directory is a file", ["--out-dir", "{d}/a_file"],
      "--out-dir {d}/a_file: exists and is not a directory; give a new or an existing run directory"),
 ]  # fmt: skip

@@ -86,3 +86,26 @@ def test_a_bad_image_stops_the_run_in_one_line_or_is_dropped(tmp_path) -> None:
     ok(proc)
     assert "1 dropped for their images" in proc.stdout
     assert read_metrics(tmp_path / "b" / "metrics.jsonl")[0]["data/train_bad_images"] == 1.0
+
+
+def test_a_qwen3_vl_directory_trains_with_a_reference_and_its_own_template(tmp_path) -> None:
+    """A Hugging Face directory as processors save it (the chat template beside the tokenizer, the image
+    processor's preprocessor_config.json): loaded by AutoModelForImageTextToText, the KL loss's reference
+    forward takes the images too, and the engine's log-probs match the trainer's."""
+    from tests.models.vl_models import model, tokenizer, vision
+
+    directory = tmp_path / "qwen3-vl"
+    model("qwen3_vl").save_pretrained(directory)
+    tok = tokenizer()
+    template, tok.chat_template = tok.chat_template, None
+    tok.save_pretrained(directory)
+    (directory / "chat_template.jinja").write_text(template)
+    vision("qwen3_vl").image_processor.save_pretrained(directory)
+    ok(train("grpo", *SMALL, "--model.path", str(directory), "--data.train-files", "builtin:shapes",
+             "--data.val-files", "builtin:shapes", "--algo.use-kl-loss", "--trainer.steps", "2", out=tmp_path / "run"))  # fmt: skip
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    trained = [r for r in records if r["step"] > 0]
+    assert all(r["rollout/logprob_diff_max"] < 1e-4 for r in trained)
+    # a random model scores 0 on shapes: no advantage moves it, so the reference's log-probs (a second
+    # model's forward over the same images and positions) equal the policy's
+    assert all(r["actor/kl_loss"] <= 1e-7 for r in trained)
