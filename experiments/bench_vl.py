@@ -87,7 +87,7 @@ def update_s(model, batch: Batch) -> float:
 def tower_s(model, batch: Batch) -> float:
     images = vision_inputs(batch)
     start = time.perf_counter()
-    out = model.model.get_image_features(images["pixel_values"], images["image_grid_thw"])
+    out = model.model.get_image_features(images.pixel_values, images.image_grid_thw)
     torch.cat(list(out.pooler_output)).sum().backward()
     model.zero_grad(set_to_none=True)
     return time.perf_counter() - start

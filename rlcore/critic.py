@@ -24,6 +24,7 @@ from rlcore.batch import Batch
 from rlcore.dist.ulysses import gather_sequence, sp_group
 from rlcore.models.forward import micro_batches, model_inputs, packed_mask, sequence_parallel_inputs
 from rlcore.models.policy import load_policy
+from rlcore.models.vision import feeding
 from rlcore.pure.masks import masked_mean, masked_sum, masked_var
 from rlcore.update import ModelState, UpdatePlan, run_updates
 
@@ -84,8 +85,9 @@ def response_values(critic: nn.Module, micro: Batch, *, share_prompts: bool = Tr
         return layout.unshift(gather_sequence(values, group), columns)  # (m, r)
     if inputs.gather is None:
         r = inputs.labels.shape[1]
-        vision = {k: v.to(inputs.input_ids.device) for k, v in (inputs.vision or {}).items()}
-        values = critic(inputs.input_ids, inputs.attention_mask, inputs.position_ids, **vision)  # (m, s)
+        images = None if inputs.vision is None else inputs.vision.to(inputs.input_ids.device)
+        with feeding(critic, images) as vision:
+            values = critic(inputs.input_ids, inputs.attention_mask, inputs.position_ids, **vision)  # (m, s)
         return values[:, -r - 1 : -1]  # the position before each response token
     values = critic(inputs.input_ids, packed_mask(critic, inputs), inputs.position_ids)  # (G, L)
     return values[:, -inputs.keep :].reshape(-1)[inputs.gather]  # (m, r)

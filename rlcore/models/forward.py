@@ -47,7 +47,7 @@ from rlcore.dist.tp import vocab_group, vocab_parallel_entropy, vocab_parallel_l
 from rlcore.dist.ulysses import SequenceLayout, gather_sequence, sp_group
 from rlcore.models.moe import router_tap
 from rlcore.models.shared_prompt import choose_plan, pack_plan, prompt_groups, worth_packing
-from rlcore.models.vision import placeholder_ids, suppress
+from rlcore.models.vision import Images, feeding, images_of, placeholder_ids, suppress
 from rlcore.pure.logprobs import token_logprobs
 from rlcore.pure.losses import entropy as _entropy
 
@@ -90,8 +90,8 @@ class ModelInputs:
     """(tokens, L, k) long, like `token_kind`: the experts the rollout routed each token to (-1: none
     recorded), from the batch's `prompt_routes` / `response_routes` (`rlcore.models.moe`); None
     without them."""
-    vision: dict[str, Tensor] | None = None
-    """The rows' images (`vision_inputs`): `pixel_values` and `image_grid_thw`, or None."""
+    vision: Images | None = None
+    """The rows' images (`vision_inputs`), or None."""
 
 
 def _row_lengths(batch: Batch) -> tuple[Tensor, Tensor]:
@@ -136,18 +136,13 @@ def sequence_tensors(batch: Batch) -> ModelInputs:
     return _row_inputs(_trimmed(batch), vision_inputs(batch))
 
 
-def vision_inputs(batch: Batch) -> dict[str, Tensor] | None:
-    """The rows' images as one forward takes them: `pixel_values` and `image_grid_thw` of every row with
-    images, concatenated in row order (the order of their placeholder tokens), or None without images."""
-    if VISION_FIELD not in batch:
-        return None
-    rows = [x for x in batch[VISION_FIELD] if x]
-    if not rows:
-        return None
-    return {key: torch.cat([x[key] for x in rows]) for key in ("pixel_values", "image_grid_thw")}
+def vision_inputs(batch: Batch) -> Images | None:
+    """The rows' images as one forward takes them (`rlcore.models.vision.Images`: each distinct image
+    once, in the order of their placeholder runs), or None without images."""
+    return images_of(batch[VISION_FIELD]) if VISION_FIELD in batch else None
 
 
-def _row_inputs(t: _Trimmed, vision: dict[str, Tensor] | None = None) -> ModelInputs:
+def _row_inputs(t: _Trimmed, vision: Images | None = None) -> ModelInputs:
     input_ids = torch.cat([t.ids_p, t.responses], dim=1)  # (m, s)
     attention = torch.cat([t.attn_p, t.attn_r], dim=1)  # (m, s)
     position_ids = (attention.cumsum(dim=-1) - 1).clamp(min=0)  # (m, s)
@@ -258,14 +253,16 @@ def response_logits(model: nn.Module, inputs: ModelInputs) -> Tensor:
     if tap is not None:
         tap.set_replay(inputs.routes)
     if inputs.gather is None:
-        out = model(
-            input_ids=inputs.input_ids,
-            attention_mask=inputs.attention_mask,
-            position_ids=inputs.position_ids,
-            use_cache=False,
-            logits_to_keep=width + 1,  # the last prompt position predicts the first response token
-            **_on_device(inputs.vision, inputs.input_ids.device),
-        )
+        images = None if inputs.vision is None else inputs.vision.to(inputs.input_ids.device)
+        with feeding(model, images) as vision:
+            out = model(
+                input_ids=inputs.input_ids,
+                attention_mask=inputs.attention_mask,
+                position_ids=inputs.position_ids,
+                use_cache=False,
+                logits_to_keep=width + 1,  # the last prompt position predicts the first response token
+                **vision,
+            )
         return _suppressed(model, out.logits[:, :-1])  # (m, r, v)
     out = model(
         input_ids=inputs.input_ids,
@@ -300,11 +297,6 @@ def _suppressed(model: nn.Module, logits: Tensor) -> Tensor:
     """`logits` with a vision-language model's placeholder tokens suppressed (`placeholder_ids`), in place."""
     banned = placeholder_ids(model)
     return suppress(logits, torch.tensor(banned)) if banned else logits
-
-
-def _on_device(vision: dict[str, Tensor] | None, device: torch.device) -> dict[str, Tensor]:
-    """The vision inputs as forward keywords on `device` (none without images)."""
-    return {k: v.to(device) for k, v in (vision or {}).items()}
 
 
 def _logprobs(model: nn.Module, logits: Tensor, labels: Tensor, temperature: float) -> Tensor:

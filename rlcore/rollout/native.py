@@ -63,7 +63,7 @@ from rlcore.batch import Batch
 from rlcore.data.prompts import pad_token_id
 from rlcore.models.forward import ROPE_FIELD, VISION_FIELD, vision_inputs
 from rlcore.models.moe import MOE_FAMILIES, RouterTap, router_tap
-from rlcore.models.vision import placeholder_ids, suppress
+from rlcore.models.vision import Images, feeding, placeholder_ids, suppress
 from rlcore.rollout.base import SamplingParams
 from rlcore.rollout.lean import full_attention_only, lean_decoder
 from rlcore.rollout.sampling import check_sampling, sample_tokens
@@ -331,6 +331,11 @@ class NativeEngine:
         logits = out.logits[:, -1]  # (b, v)
         return suppress(logits, self._banned) if self._banned.numel() else logits
 
+    def _prefill(self, ids: Tensor, mask: Tensor, pos: Tensor, cache: Cache, images: Images | None) -> Tensor:
+        """The last position's logits of a prefill, its images (if any) encoded once each."""
+        with feeding(self.model, images) as vision:
+            return self._forward(self.model, ids, mask, pos, cache, last=True, **vision)
+
     def _start(self, prompts: Batch, sp: SamplingParams) -> tuple[Any, Tensor]:
         """(decoding state, last prompt logits (b*n, v)): the prompts prefilled once each by the Hugging
         Face forward, their cache rows and logits repeated n times (a prompt's samples consecutive).
@@ -347,17 +352,15 @@ class NativeEngine:
                 raise ValueError("kv_cache='static' does not take images (each sample would prefill them)")
             ids, pos, prompt_mask = (x.repeat_interleave(n, dim=0) for x in (ids, pos, prompt_mask))
             n = 1
-        vision, rope, after = _vision_prefill(prompts, pos, self.device)
+        images, rope, after = _vision_prefill(prompts, pos, self.device)
         if self._lean is not None:
             cache = self._new_cache(ids.shape[1])
-            logits = self._forward(self.model, ids, prompt_mask, rope, cache, last=True, **vision)
+            logits = self._prefill(ids, prompt_mask, rope, cache, images)
             state = self._lean.start(cache, prompt_mask, after, n, sp.max_tokens)
             return state, logits.repeat_interleave(n, dim=0)
         cache = self._new_cache(ids.shape[1] + sp.max_tokens)
         mask = torch.cat([prompt_mask, prompt_mask.new_zeros((ids.shape[0], sp.max_tokens))], dim=1)
-        logits = self._forward(
-            self.model, ids, mask if static else prompt_mask, rope, cache, last=True, **vision
-        )
+        logits = self._prefill(ids, mask if static else prompt_mask, rope, cache, images)
         if n > 1:
             cache.batch_repeat_interleave(n)
             logits, mask, after = (x.repeat_interleave(n, dim=0) for x in (logits, mask, after))
@@ -576,14 +579,18 @@ def canonical_name(name: str) -> str:
 
 def _vision_prefill(
     prompts: Batch, pos: Tensor, device: torch.device
-) -> tuple[dict[str, Tensor], Tensor, Tensor]:
-    """(the prefill's vision keywords, its position ids, each row's next position (b, 1)): a vision-language
-    batch's images and (3, b, p) M-RoPE positions (`rlcore.data.vision`), else none and `pos` as given."""
+) -> tuple[Images | None, Tensor, Tensor]:
+    """(the prefill's images, its position ids, each row's next position (b, 1)): a vision-language batch's
+    images and (3, b, p) M-RoPE positions (`rlcore.data.vision`), else none and `pos` as given."""
     if ROPE_FIELD not in prompts:
-        return {}, pos, pos[:, -1:] + 1
+        return None, pos, pos[:, -1:] + 1
     rope = prompts[ROPE_FIELD].to(device)  # (b, 3, p)
-    vision = {k: v.to(device) for k, v in (vision_inputs(prompts) or {}).items()}
-    return vision, rope.transpose(0, 1), rope.amax(dim=(1, 2))[:, None] + 1
+    images = vision_inputs(prompts)
+    return (
+        None if images is None else images.to(device),
+        rope.transpose(0, 1),
+        rope.amax(dim=(1, 2))[:, None] + 1,
+    )
 
 
 def _positions(rows: Batch, device: torch.device) -> Tensor:

@@ -204,3 +204,33 @@ def test_critic_lora_and_freezing_see_the_language_model_and_the_images():
                                                      targets=["up_proj"]))]  # fmt: skip
     assert len(names) == 2 * 2 and all(".language_model." in n for n in names)  # its vision MLP has up_proj too
     assert sum(p.numel() for p in vision_tower(m).parameters()) > 0 and vision_tower(model("qwen3_vl")) is not None
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_prompts_samples_encode_its_images_once_with_the_same_result(family):
+    """The trainer's forward encodes each distinct image once (a prompt's n samples share its tensors) and
+    gives every row its features: log-probs and gradients equal those of rows holding their own copies."""
+    from rlcore.models.forward import model_inputs, response_logprobs
+    from rlcore.models.vision import vision_tower
+
+    m, tok = model(family), tokenizer()
+    out = NativeEngine(m, tok).generate(make_prompt_batch(rows(), tok, vision=vision(family)),
+                                        SamplingParams(n=3, max_tokens=5, seed=0))  # fmt: skip
+    copies = out.with_(multi_modal_inputs=[{k: v.clone() for k, v in x.items()} for x in out["multi_modal_inputs"]],
+                       overwrite=True)  # fmt: skip
+    fed: list[int] = []
+    hook = vision_tower(m).register_forward_pre_hook(lambda _, args: fed.append(args[0].shape[0]))
+    m.train()
+    results = []
+    for batch in (out, copies):
+        logprob, _ = response_logprobs(m, model_inputs(m, batch))
+        (logprob * batch["response_mask"][:, : logprob.shape[1]]).sum().backward()
+        results.append((logprob.detach(), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}))
+        m.zero_grad(set_to_none=True)
+    hook.remove()
+    patches = sum(x["pixel_values"].shape[0] for x in out["multi_modal_inputs"] if x)  # every row's copy
+    assert fed == [patches // 3, patches]  # shared: each prompt's images once; copies: every row's
+    torch.testing.assert_close(results[0][0], results[1][0], atol=1e-6, rtol=0)
+    assert results[0][1].keys() == results[1][1].keys() and any("visual" in n for n in results[0][1])
+    for name, grad in results[0][1].items():
+        torch.testing.assert_close(grad, results[1][1][name], atol=1e-5, rtol=1e-5, msg=name)
