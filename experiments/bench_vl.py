@@ -6,7 +6,7 @@
 Issue 37. Two Qwen2-VL models (`Qwen2VLForConditionalGeneration`, fp32, the native engine, 2 threads):
 - `tiny-vl`: the built-in one (rlcore/models/weights/tiny-vl/), `builtin:shapes` prompts (48x48 images:
   9 image tokens each);
-- `vl-60m`: a random-init Qwen2-VL of ~60M parameters (language model: hidden 512, 8 layers, 8 heads / 4
+- `vl-40m`: a random-init Qwen2-VL of ~38M parameters (language model: hidden 512, 8 layers, 8 heads / 4
   kv heads of 64, MLP 1536; vision tower: 8 blocks of width 384, 14-pixel patches merged 2x2) on the
   same prompts with 224x224 images (256 patches, 64 image tokens each), and the built-in character
   vocabulary (106 ids), so the head costs little and the body dominates.
@@ -17,12 +17,14 @@ For each model, side by side (one warm-up each, then `--pairs` pairs, the order 
   images, against the same prompts with each image left out (the text alone);
 - update: one forward + backward of the trainer over that rollout (`model_inputs` + `response_logprobs`),
   with the images, without them, and with the vision tower frozen (`requires_grad_(False)`: its
-  backward and its weight gradients skipped);
-- the vision tower alone: its forward (+ backward) over the batch's images, as a share of the update.
+  backward and its weight gradients skipped); the tower encodes each prompt's images once for its 4
+  samples (`rlcore.models.vision.feeding`);
+- the vision tower alone: its forward (+ backward) over the batch's distinct images, as a share of the
+  update.
 
 Reported: median wall seconds and the ratios as the median of the pairs' ratios (with their range);
 floors = FLOPs / the fp32 matmul peak measured at the start (benchlib.matmul_gflops), FLOPs = 2 x
-parameters x tokens (x3 with the backward; the vision tower's tokens are patches), attention scores
+parameters x tokens (x3 with the backward; the vision tower's tokens are the distinct images' patches), attention scores
 left out. Reports, never asserts.
 """
 
@@ -50,8 +52,8 @@ from rlcore.rollout.base import SamplingParams
 from rlcore.rollout.native import NativeEngine
 
 
-def vl_60m(tokenizer):
-    """(model, vision processor) of the ~60M random Qwen2-VL described in the module docstring."""
+def vl_40m(tokenizer):
+    """(model, vision processor) of the ~38M random Qwen2-VL described in the module docstring."""
     from transformers import AutoModelForImageTextToText
 
     spec = builtin_spec("tiny-vl")
@@ -122,12 +124,12 @@ def measure(name: str, model, tokenizer, vision, args, peak: float) -> None:
     ratio = lambda a, b: [x / y for x, y in zip(times[a][1:], times[b][1:], strict=True)]  # noqa: E731
     toks = {k: float(gen[k]["response_mask"].sum()) for k in gen}
     lm, vt = params(model) - params(tower), params(tower)
-    patches = float(vision_inputs(gen["images"])["pixel_values"].shape[0])
+    patches = float(vision_inputs(gen["images"]).pixel_values.shape[0])  # each prompt's images once
     seq = {k: float(gen[k]["attention_mask"].sum() + gen[k]["response_mask"].sum()) for k in gen}
     flops_update = 6 * lm * seq["images"] + 6 * vt * patches
-    flops_roll = 2 * lm * (seq["images"] / 4 + toks["images"]) + 2 * vt * patches / 4  # prompts once each
+    flops_roll = 2 * lm * (seq["images"] / 4 + toks["images"]) + 2 * vt * patches  # prompts once each
     print(f"\n{name}: language model {lm / 1e6:.1f}M, vision tower {vt / 1e6:.1f}M params; "
-          f"{patches / len(gen['images']):.0f} patches per sample; responses {toks['images']:.0f} tokens")  # fmt: skip
+          f"{patches / len(with_images):.0f} patches per prompt; responses {toks['images']:.0f} tokens")  # fmt: skip
     for kind, a, b in (("rollout", "roll_images", "roll_text"), ("update", "upd_images", "upd_text")):
         r = ratio(a, b)
         tps = f" ({toks['images'] / med[a]:.0f} vs {toks['text'] / med[b]:.0f} tok/s)" if kind == "rollout" else ""
@@ -158,8 +160,8 @@ def main() -> None:
     model, tokenizer = load_policy("builtin:tiny-vl")
     measure("tiny-vl", model, tokenizer, load_vision("builtin:tiny-vl"), args, peak)
     if not args.quick:
-        big, big_vision = vl_60m(tokenizer)
-        measure("vl-60m", big, tokenizer, big_vision, args, peak)
+        big, big_vision = vl_40m(tokenizer)
+        measure("vl-40m", big, tokenizer, big_vision, args, peak)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from rlcore.algorithm import Algorithm
 from rlcore.batch import Batch, group_ids
-from rlcore.models.forward import ROPE_FIELD, ROUTE_FIELDS
+from rlcore.models.forward import RESPONSE_ROPE_FIELD, ROPE_FIELD, ROUTE_FIELDS
 from rlcore.pure import corrections
 from rlcore.pure.corrections import is_weights, offpolicy_metrics, rejection_mask, veto_mask
 from rlcore.pure.kl import apply_kl_penalty
@@ -185,6 +185,8 @@ def _pad_rollout(batch: Batch, p: int, t: int, pad_token_id: int) -> Batch:
     padded = {}
     if ROPE_FIELD in batch and batch[ROPE_FIELD].shape[2] < p:  # (b, 3, p) M-RoPE positions, left-padded
         padded[ROPE_FIELD] = torch.nn.functional.pad(batch[ROPE_FIELD], (p - batch[ROPE_FIELD].shape[2], 0))
+    if RESPONSE_ROPE_FIELD in batch and width < t:  # (b, 3, t), right-padded
+        padded[RESPONSE_ROPE_FIELD] = torch.nn.functional.pad(batch[RESPONSE_ROPE_FIELD], (0, t - width))
     for key in batch.keys():  # noqa: SIM118  (iterating a Batch would go over rows)
         x = batch[key]
         if not isinstance(x, Tensor) or (x.dim() != 2 and key not in ROUTE_FIELDS):

@@ -51,10 +51,9 @@ from rlcore.batch import Batch, group_ids
 from rlcore.dist.fsdp import model_mesh, set_gradient_sync
 from rlcore.dist.reduce import all_reduce, mesh_size
 from rlcore.models.forward import (
-    ROPE_FIELD,
     ROUTE_FIELDS,
     SEQUENCE_FIELDS,
-    VISION_FIELD,
+    VISION_FIELDS,
     aligned_micro_batches,
     model_inputs,
     response_logprobs,
@@ -361,7 +360,7 @@ def _needed_fields(batch: Batch, algorithm: Algorithm) -> tuple[str, ...]:
         fields.append("is_weights")
     if ROUTE_FIELDS[0] in batch:  # a mixture of experts' recorded routes (replayed or compared)
         fields.extend(ROUTE_FIELDS)
-    fields.extend(k for k in (ROPE_FIELD, VISION_FIELD) if k in batch)  # a vision-language model's images
+    fields.extend(k for k in VISION_FIELDS if k in batch)  # a vision-language model's images and positions
     why = {
         "ref_logprobs": "--algo.use-kl-loss",
         "rollout_logprobs": "--algo.tis-cap",

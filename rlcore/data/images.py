@@ -46,6 +46,8 @@ def decode_image(spec: Any, origin: str, index: int) -> Any:
     from PIL import Image, UnidentifiedImageError
 
     where = f"{origin}: field 'images[{index}]'"
+    if isinstance(spec, Image.Image):  # an environment's observation may hand over a PIL image
+        return spec.convert("RGB")
     try:
         if isinstance(spec, Mapping) and spec.get("bytes") is not None:
             source: Any = io.BytesIO(spec["bytes"])

@@ -62,6 +62,13 @@ VISION_FIELD = "multi_modal_inputs"
 ROPE_FIELD = "rope_positions"
 """A vision-language batch's prompt M-RoPE positions (b, 3, p) (`rlcore.data.vision`)."""
 
+RESPONSE_ROPE_FIELD = "response_rope_positions"
+"""The response's M-RoPE positions (b, 3, t), where observations brought images into it (the agent loop,
+`rlcore.rollout.agent_images`); without it the response continues as text."""
+
+VISION_FIELDS = (ROPE_FIELD, RESPONSE_ROPE_FIELD, VISION_FIELD)
+"""What a vision-language batch's forwards read besides the sequences."""
+
 ROUTE_FIELDS = ("prompt_routes", "response_routes")
 """A mixture of experts' recorded routes (b, p, L, k) and (b, t, L, k), int16, -1 where none was
 recorded (`rlcore.models.moe`): the model passes replay them when the batch carries them."""
@@ -113,6 +120,7 @@ class _Trimmed:
     attn_r: Tensor  # (m, r) response attention
     routes: tuple[Tensor, Tensor] | None  # recorded routes (prompt, response), or None
     rope: Tensor | None  # (m, 3, p') the prompt's M-RoPE positions (a vision-language model), or None
+    response_rope: Tensor | None = None  # (m, 3, r) the response's, where it holds images, or None
 
 
 def _trimmed(batch: Batch) -> _Trimmed:
@@ -127,8 +135,9 @@ def _trimmed(batch: Batch) -> _Trimmed:
     if ROUTE_FIELDS[0] in batch:
         routes = (batch[ROUTE_FIELDS[0]][:, first:], batch[ROUTE_FIELDS[1]][:, :width])
     rope = batch[ROPE_FIELD][:, :, first:] if ROPE_FIELD in batch else None
+    response_rope = batch[RESPONSE_ROPE_FIELD][:, :, :width] if RESPONSE_ROPE_FIELD in batch else None
     return _Trimmed(batch["input_ids"][:, first:], attn_p[:, first:], batch["responses"][:, :width],
-                    attn_r[:, :width], routes, rope)  # fmt: skip
+                    attn_r[:, :width], routes, rope, response_rope)  # fmt: skip
 
 
 def sequence_tensors(batch: Batch) -> ModelInputs:
@@ -147,7 +156,9 @@ def _row_inputs(t: _Trimmed, vision: Images | None = None) -> ModelInputs:
     attention = torch.cat([t.attn_p, t.attn_r], dim=1)  # (m, s)
     position_ids = (attention.cumsum(dim=-1) - 1).clamp(min=0)  # (m, s)
     if t.rope is not None:  # M-RoPE: the prompt's own, the response's continuing as text
-        response = response_rope_positions(t.rope, t.attn_p, position_ids[:, t.ids_p.shape[1] :])
+        response = t.response_rope
+        if response is None:
+            response = response_rope_positions(t.rope, t.attn_p, position_ids[:, t.ids_p.shape[1] :])
         position_ids = torch.cat([t.rope, response], dim=2).transpose(0, 1)  # (3, m, s)
     return ModelInputs(
         input_ids=input_ids, attention_mask=attention, position_ids=position_ids, labels=t.responses,
@@ -492,9 +503,7 @@ def compute_logprobs(
     its samples where that pays (`share_prompts`); under FSDP every rank of the model's mesh must call
     it (the micro-batch count is agreed with one collective).
     """
-    work = batch.select(
-        *SEQUENCE_FIELDS, *(k for k in (*ROUTE_FIELDS, ROPE_FIELD, VISION_FIELD) if k in batch)
-    )
+    work = batch.select(*SEQUENCE_FIELDS, *(k for k in (*ROUTE_FIELDS, *VISION_FIELDS) if k in batch))
     mask = batch["response_mask"]
     b, t = mask.shape
     logprobs = torch.zeros(b, t, dtype=torch.float32, device=mask.device)

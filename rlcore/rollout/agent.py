@@ -57,7 +57,18 @@ from typing import Any
 import torch
 
 from rlcore.batch import Batch
+from rlcore.data.images import with_image_parts
 from rlcore.data.prompts import left_pad, pad_token_id, render_prompt
+from rlcore.data.vision import VisionProcessor
+from rlcore.rollout.agent_images import (
+    Inputs,
+    assembled_fields,
+    context_fields,
+    expanded,
+    message_images,
+    observation_inputs,
+    template_messages,
+)
 from rlcore.rollout.base import RolloutEngine, SamplingParams, Wrapping
 from rlcore.rollout.calls import Outcome, run_concurrently
 from rlcore.rollout.chat import (
@@ -108,6 +119,8 @@ class _Trajectory:
     env_reward: float = 0.0
     env_fault: str | None = None
     """Set when the environment failed ("error" or "timeout"); the episode ended there."""
+    images: list[Inputs] = dataclasses.field(default_factory=list)
+    """A vision-language policy's: the vision inputs of the context's placeholder runs, in order."""
 
     def append(
         self, tokens: list[int], logprobs: list[float], *, generated: bool, versions: list[int] | None = None
@@ -137,6 +150,7 @@ class _Setup:
     budget: int
     max_chars: int
     timeout_s: float | None  # of one reset / step / tool call
+    vision: VisionProcessor | None = None  # a vision-language policy's image processing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +163,7 @@ class _Reaction:
     finish: str | None = None
     tool_calls: int = 0
     tool_errors: int = 0
+    images: Inputs | None = None  # the vision inputs of the messages' image parts
 
 
 def parse_tool_call(text: str, fmt: ToolFormat = DEFAULT_FORMAT) -> tuple[str, str]:
@@ -193,8 +208,10 @@ def run_agent(
     call_format: str = "hermes",
     env: EnvOptions | None = None,
     timeout_s: float | None = None,
+    vision: VisionProcessor | None = None,
 ) -> Batch:
-    """Roll out `sampling.n` multi-turn samples per prompt row (see the module docstring)."""
+    """Roll out `sampling.n` multi-turn samples per prompt row (see the module docstring); `vision`: a
+    vision-language policy's image processing (`rlcore.rollout.agent_images`)."""
     if max_turns < 1:
         raise ValueError(f"max_turns={max_turns}: must be >= 1")
     if sampling.max_tokens < 1:
@@ -207,15 +224,18 @@ def run_agent(
         budget=sampling.max_tokens,
         max_chars=max_observation_chars,
         timeout_s=timeout_s,
+        vision=vision,
     )
     rows = prompts.repeat_interleave(sampling.n)
     pad = pad_token_id(tokenizer)
+    images = list(rows["multi_modal_inputs"]) if vision is not None else [{}] * len(rows)
     trajectories = [
-        _Trajectory(context=ids[m.bool()].tolist(), messages=_messages(raw) if setup.renderer else None)
-        for ids, m, raw in zip(
-            rows["input_ids"].cpu(), rows["attention_mask"].cpu(), _raw_prompts(rows), strict=True
+        _Trajectory(context=ids[m.bool()].tolist(), messages=_messages(raw, bool(x)) if setup.renderer else None,
+                    images=[x] if x else [])
+        for ids, m, raw, x in zip(
+            rows["input_ids"].cpu(), rows["attention_mask"].cpu(), _raw_prompts(rows), images, strict=True
         )
-    ]
+    ]  # fmt: skip
     if env is not None:
         _reset_all(trajectories, rows, setup, sampling.seed)
     prompt_ids = [list(t.context) for t in trajectories]
@@ -230,6 +250,7 @@ def run_agent(
                 _turn_sampling(sampling, setup, active, turn),
                 pad,
                 n=sampling.n if turn == 0 and len(active) == len(trajectories) else 1,
+                vision=vision,
             )
             turn_tokens = [_take_turn(traj, out, j, setup) for j, traj in enumerate(active)]
             pending = [
@@ -269,11 +290,11 @@ def _raw_prompts(rows: Batch) -> list[Any]:
     return list(rows["raw_prompt"]) if "raw_prompt" in rows else [""] * len(rows)
 
 
-def _messages(raw_prompt: Any) -> list[Message]:
-    """A row's prompt as chat messages (a string is one user message; "" none)."""
-    if isinstance(raw_prompt, str):
-        return as_messages(raw_prompt)
-    return [dict(m) for m in raw_prompt]
+def _messages(raw_prompt: Any, images: bool = False) -> list[Message]:
+    """A row's prompt as chat messages (a string is one user message; "" none); with `images`, its
+    `<image>` placeholders as image parts."""
+    messages = as_messages(raw_prompt) if isinstance(raw_prompt, str) else [dict(m) for m in raw_prompt]
+    return with_image_parts(messages) if images else messages
 
 
 def _env_seed(uid: str, seed: int | None) -> int:
@@ -296,7 +317,7 @@ def _reset_all(trajectories: list[_Trajectory], rows: Batch, setup: _Setup, seed
             raise EnvOutputError(
                 "reset returned no observation for a row without a prompt: nothing to answer"
             )
-        return instance, observation
+        return instance, observation, _observation_images(setup, observation)
 
     outcomes = run_concurrently([functools.partial(start, i) for i in range(len(trajectories))],
                                 timeout_s=setup.timeout_s)  # fmt: skip
@@ -304,15 +325,19 @@ def _reset_all(trajectories: list[_Trajectory], rows: Batch, setup: _Setup, seed
         if not outcome.ok:
             _fail(traj, outcome, setup, "reset")
             continue
-        traj.env, observation = outcome.value
-        messages = _messages(_raw_prompts(rows)[i]) + observation
+        traj.env, observation, images = outcome.value
+        messages = _messages(_raw_prompts(rows)[i], bool(traj.images)) + observation
+        traj.images += [images] if images else []
         if observation:
-            traj.context = _prompt_tokens(setup, messages)
+            traj.context = _prompt_tokens(setup, messages, traj.images)
         if traj.messages is not None:
             traj.messages = messages
 
 
-def _prompt_tokens(setup: _Setup, messages: list[Message]) -> list[int]:
+def _prompt_tokens(setup: _Setup, messages: list[Message], images: list[Inputs]) -> list[int]:
+    if setup.renderer is not None and setup.vision is not None:
+        text = setup.renderer.prompt_text(template_messages(messages))
+        return setup.renderer.encode(expanded(setup.vision, text, images))
     if setup.renderer is not None:
         return setup.renderer.prompt_ids(messages)
     text, special = render_prompt(setup.tokenizer, messages)
@@ -358,20 +383,23 @@ def _turn_sampling(
 
 
 def _generate(
-    engine: RolloutEngine, active: list[_Trajectory], sp: SamplingParams, pad: int, *, n: int
-) -> Batch:
+    engine: RolloutEngine, active: list[_Trajectory], sp: SamplingParams, pad: int, *, n: int,
+    vision: VisionProcessor | None,
+) -> Batch:  # fmt: skip
     """One turn for every active sample; the first turn prefills each group's shared context once."""
     groups = [active[i : i + n] for i in range(0, len(active), n)]
     if n > 1 and all(t.context == g[0].context for g in groups for t in g):
-        return engine.generate(_context_batch([g[0] for g in groups], pad), dataclasses.replace(sp, n=n))
-    return engine.generate(_context_batch(active, pad), sp)
+        first = [g[0] for g in groups]
+        return engine.generate(_context_batch(first, pad, vision), dataclasses.replace(sp, n=n))
+    return engine.generate(_context_batch(active, pad, vision), sp)
 
 
-def _context_batch(active: list[_Trajectory], pad: int) -> Batch:
+def _context_batch(active: list[_Trajectory], pad: int, vision: VisionProcessor | None) -> Batch:
     input_ids, attention_mask, position_ids = left_pad([t.context for t in active], pad)
-    return Batch.from_dict(
-        {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
-    )
+    fields = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+    if vision is not None:
+        fields |= context_fields(vision, [t.context for t in active], [t.images for t in active], pad)
+    return Batch.from_dict(fields)
 
 
 def _take_turn(traj: _Trajectory, out: Batch, j: int, setup: _Setup) -> list[int] | None:
@@ -405,7 +433,7 @@ def _plan(traj: _Trajectory, tokens: list[int], setup: _Setup, last: bool) -> _R
         return "tools", functools.partial(_legacy_tool_result, setup, text)
     if setup.env is None:
         return _Reaction(finish="stop")
-    return "env", functools.partial(_env_step, traj.env, text, last)
+    return "env", functools.partial(_env_step, traj.env, text, last, setup)
 
 
 def _chat_tool_results(setup: _Setup, calls: list[ToolCall]) -> _Reaction:
@@ -419,10 +447,22 @@ def _legacy_tool_result(setup: _Setup, text: str) -> _Reaction:
     return _Reaction(text=observation, tool_calls=1, tool_errors=int(error))
 
 
-def _env_step(env: Any, text: str, last: bool) -> _Reaction:
+def _env_step(env: Any, text: str, last: bool, setup: _Setup) -> _Reaction:
     step = checked_step(env.step(text))
     finish = "stop" if step.terminated else "truncated" if step.truncated else "max_turns" if last else None
-    return _Reaction(messages=() if finish else tuple(step.messages), reward=step.reward, finish=finish)
+    if finish:
+        return _Reaction(reward=step.reward, finish=finish)
+    images = _observation_images(setup, step.messages)
+    return _Reaction(messages=tuple(step.messages), reward=step.reward, images=images)
+
+
+def _observation_images(setup: _Setup, messages: list[Message]) -> Inputs | None:
+    """The vision inputs of an observation's images (EnvOutputError where the loop cannot show them)."""
+    if setup.renderer is None and message_images(messages):
+        raise EnvOutputError(
+            "an observation carries an image, but the tokenizer has no chat template to place it"
+        )
+    return observation_inputs(setup.vision, messages)
 
 
 def _react_all(pending: list[tuple[_Trajectory, list[int]]], setup: _Setup, *, last: bool) -> None:
@@ -457,13 +497,20 @@ def _apply(traj: _Trajectory, tokens: list[int], reaction: _Reaction, setup: _Se
         return
     if setup.renderer is not None:
         sampled = setup.tokenizer.decode(tokens, skip_special_tokens=False)
-        obs_ids = setup.renderer.observation_ids(list(reaction.messages), sampled)
+        text = setup.renderer.observation_text(template_messages(reaction.messages), sampled)
+        if reaction.images:
+            text = expanded(setup.vision, text, [reaction.images])
+        obs_ids = setup.renderer.encode(text)
         traj.messages.extend(reaction.messages)
     else:
         text = reaction.text or "\n".join(m["content"] for m in reaction.messages)
         obs_ids = list(setup.tokenizer(text, add_special_tokens=False)["input_ids"])
     room = setup.budget - len(traj.tokens)
+    if reaction.images and len(obs_ids) > room:  # an image is never cut: the sample ends before it
+        traj.finish = "length"
+        return
     traj.append(obs_ids[:room], [], generated=False)
+    traj.images += [reaction.images] if reaction.images else []
     if len(obs_ids) >= room:
         traj.finish = "length"
 
@@ -503,10 +550,17 @@ def _assemble(
         for i, x in enumerate(trajectories):
             versions[i, : len(x.versions)] = torch.tensor(x.versions, dtype=torch.long)
         fields["rollout_versions"] = versions.to(device)
-    if setup.env is not None:  # the prompts are what the policy saw: the first observation included
+    if (
+        setup.env is not None or setup.vision is not None
+    ):  # the prompts the policy saw (+ a first observation)
         input_ids, attention_mask, position_ids = left_pad(prompt_ids, pad)
         fields |= {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device),
                    "position_ids": position_ids.to(device)}  # fmt: skip
+    if setup.vision is not None:
+        vision = assembled_fields(setup.vision, prompt_ids, [x.tokens for x in trajectories],
+                                  [x.images for x in trajectories], t)  # fmt: skip
+        fields |= {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in vision.items()}
+    if setup.env is not None:
         fields["env_rewards"] = torch.tensor(
             [x.env_reward for x in trajectories], dtype=torch.float32, device=device
         )
@@ -515,7 +569,7 @@ def _assemble(
                 [x.env_fault == fault for x in trajectories], device=device
             )
     if setup.renderer is not None:
-        stable = [x.messages is None or setup.renderer.reencodes(x.messages, x.context) for x in trajectories]
+        stable = [x.messages is None or _reencodes(setup, x) for x in trajectories]
         fields["retokenize_mismatch"] = torch.tensor(
             [not s for s in stable], dtype=torch.float32, device=device
         )
@@ -528,6 +582,16 @@ def _assemble(
         **counts,
         **fields,
         overwrite=True,
+    )
+
+
+def _reencodes(setup: _Setup, traj: _Trajectory) -> bool:
+    """Whether the whole conversation, rendered again (images expanded), gives the context the policy saw."""
+    if setup.vision is None:
+        return setup.renderer.reencodes(traj.messages, traj.context)
+    text = setup.renderer.conversation_text(template_messages(traj.messages))
+    return (
+        setup.renderer.encode(expanded(setup.vision, text, traj.images))[: len(traj.context)] == traj.context
     )
 
 
@@ -547,8 +611,9 @@ class AgentEngine(Wrapping):
     call_format: str = "hermes"
     env: EnvOptions | None = None
     timeout_s: float | None = None
+    vision: VisionProcessor | None = None
 
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         return run_agent(self.inner, prompts, sampling, self.tokenizer, tools=self.tools, max_turns=self.max_turns,
                          chat_tools=self.chat_tools, call_format=self.call_format, env=self.env,
-                         timeout_s=self.timeout_s)  # fmt: skip
+                         timeout_s=self.timeout_s, vision=self.vision)  # fmt: skip

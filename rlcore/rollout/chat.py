@@ -161,12 +161,21 @@ class ChatRenderer:
             tokenize=False,
         )
 
-    def _encode(self, text: str) -> list[int]:
+    def encode(self, text: str) -> list[int]:
+        """The token ids of rendered text (the template wrote its special tokens)."""
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def prompt_text(self, messages: list[Message]) -> str:
+        """`messages` rendered with the generation prompt."""
+        return self._render(messages, generation_prompt=True)
+
+    def conversation_text(self, messages: list[Message]) -> str:
+        """`messages` rendered whole, without a generation prompt."""
+        return self._render(messages, generation_prompt=False)
 
     def prompt_ids(self, messages: list[Message]) -> list[int]:
         """The tokens of `messages` with the generation prompt (the context of the first turn)."""
-        return self._encode(self._render(messages, generation_prompt=True))
+        return self.encode(self.prompt_text(messages))
 
     def observation_text(self, messages: list[Message], sampled_text: str) -> str:
         """The text that follows a turn whose decoded tokens (special tokens kept) are `sampled_text`:
@@ -179,12 +188,12 @@ class ChatRenderer:
         return tail[done:]
 
     def observation_ids(self, messages: list[Message], sampled_text: str) -> list[int]:
-        return self._encode(self.observation_text(messages, sampled_text))
+        return self.encode(self.observation_text(messages, sampled_text))
 
     def reencodes(self, messages: list[Message], token_ids: list[int]) -> bool:
         """Whether rendering `messages` whole (assistant turns as their decoded text) and encoding it gives
         `token_ids` (the context the policy saw) as a prefix: the template is prefix-stable here."""
-        rendered = self._encode(self._render(messages, generation_prompt=False))
+        rendered = self.encode(self.conversation_text(messages))
         return rendered[: len(token_ids)] == token_ids
 
 

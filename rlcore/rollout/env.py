@@ -10,7 +10,9 @@
 The agent loop (`rlcore.rollout.agent`) builds one instance per sample with no arguments, resets it
 with the sample's row and a seed shared by the samples of one prompt (so a group plays the same
 instance of the task), and steps it with the text of each model turn. An observation is a string
-(the next user message) or a chat message dict / list of message dicts (e.g. `{"role": "tool", ...}`).
+(the next user message) or a chat message dict / list of message dicts (e.g. `{"role": "tool", ...}`);
+for a vision-language policy a message's content may be parts, `{"type": "image", "image": ...}` (a PIL
+image, encoded bytes, a path or verl's `{"bytes": ...}`) among `{"type": "text", "text": ...}`.
 `close()` is called when the episode ends, if the class has one. `load_env` checks the file, the
 class and the two signatures at start-up, so a bad spec is one line before any model loads.
 """
@@ -104,12 +106,25 @@ def as_messages(observation: Any) -> list[Message]:
         return [{"role": "user", "content": observation}]
     items = [observation] if isinstance(observation, dict) else observation
     if not isinstance(items, list | tuple) or not all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        isinstance(m, dict) and isinstance(m.get("role"), str) and _content_ok(m.get("content"))
         for m in items
     ):
         raise EnvOutputError(f"observation {observation!r:.80}: expected a string, or chat message dicts "
-                             "with 'role' and 'content' strings")  # fmt: skip
+                             "with a 'role' string and a 'content' string or list of parts ({'type': 'text', "
+                             "'text': ...} / {'type': 'image', 'image': ...})")  # fmt: skip
     return [dict(m) for m in items]
+
+
+def _content_ok(content: Any) -> bool:
+    """A message's content: a string, or parts of text and images (a vision-language policy's)."""
+    if isinstance(content, str):
+        return True
+    return isinstance(content, list | tuple) and all(
+        isinstance(part, dict)
+        and ((part.get("type") == "text" and isinstance(part.get("text"), str))
+             or (part.get("type") == "image" and part.get("image") is not None))
+        for part in content
+    )  # fmt: skip
 
 
 def checked_reset(result: Any) -> list[Message]:

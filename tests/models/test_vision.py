@@ -234,3 +234,42 @@ def test_a_prompts_samples_encode_its_images_once_with_the_same_result(family):
     assert results[0][1].keys() == results[1][1].keys() and any("visual" in n for n in results[0][1])
     for name, grad in results[0][1].items():
         torch.testing.assert_close(grad, results[1][1][name], atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_multi_turn_observations_with_images_are_scored_as_the_engine_sampled():
+    """An environment's observation carries an image (a message with an image part): the next turn's
+    context and the trainer's forward see it, at its M-RoPE positions inside the response."""
+    from rlcore.models.policy import load_policy, load_vision
+    from rlcore.rollout.agent import EnvOptions, run_agent
+    from tests.models.vl_env import SecondImage
+
+    m, tok = load_policy("builtin:tiny-vl")
+    vp = load_vision("builtin:tiny-vl")
+    from rlcore.data.shapes import generate_rows
+
+    prompt_rows = [row_from_dict(r, f"r{i}") for i, r in enumerate(generate_rows("val", 3, seed=0))]
+    prompts = make_prompt_batch(prompt_rows, tok, vision=vp)
+    out = run_agent(NativeEngine(m, tok), prompts, SamplingParams(n=2, max_tokens=64, seed=0), tok,
+                    env=EnvOptions(cls=SecondImage), max_turns=3, vision=vp)  # fmt: skip
+    image = vp.image_token_id
+    observed = (out["responses"] == image).sum(dim=1)
+    assert (observed == 9).all() and (out["num_turns"] == 2).all()  # one 48x48 image: 9 tokens, per sample
+    assert all(x["image_grid_thw"].shape[0] == 2 for x in out["multi_modal_inputs"])  # the prompt's + the env's
+    assert (out["retokenize_mismatch"] == 0).all()
+    mask = out["response_mask"]
+    assert ((out["responses"] == image) & (mask != 0)).sum() == 0  # observation tokens are not trained on
+    ours, _ = compute_logprobs(m, out)
+    assert ((ours - out["rollout_logprobs"]).abs() * mask).max() <= 1e-5
+    # independently: the Hugging Face forward over each whole row, its positions computed by the model
+    for i in range(len(out)):
+        keep = out["attention_mask"][i].bool()
+        r = int(out["response_attention"][i].sum())
+        ids = torch.cat([out["input_ids"][i][keep], out["responses"][i][:r]])[None]
+        with torch.no_grad():
+            logits = m(input_ids=ids, mm_token_type_ids=(ids == image).int(), **out["multi_modal_inputs"][i]).logits
+        logits[..., placeholder_ids(m)] = -1e9
+        logp = torch.log_softmax(logits[0, -r - 1 : -1], dim=-1).gather(-1, ids[0, -r:, None])[:, 0]
+        assert ((logp - out["rollout_logprobs"][i, :r]).abs() * mask[i, :r]).max() <= 1e-5
+    text_only = out.select(*(k for k in out.keys() if k != "response_rope_positions"))  # noqa: SIM118
+    wrong, _ = compute_logprobs(m, text_only)  # the response taken as text after the prompt
+    assert ((wrong - out["rollout_logprobs"]).abs() * mask).max() > 1e-3

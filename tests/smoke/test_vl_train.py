@@ -109,3 +109,13 @@ def test_a_qwen3_vl_directory_trains_with_a_reference_and_its_own_template(tmp_p
     # a random model scores 0 on shapes: no advantage moves it, so the reference's log-probs (a second
     # model's forward over the same images and positions) equal the policy's
     assert all(r["actor/kl_loss"] <= 1e-7 for r in trained)
+
+
+def test_an_environment_showing_images_trains(tmp_path) -> None:
+    """Multi-turn with image observations (tests/models/vl_env.py): every step's engine and trainer agree."""
+    ok(train("grpo", *SMALL, "--model.path", "builtin:tiny-vl", "--data.train-files", "builtin:shapes",
+             "--data.val-files", "builtin:shapes", "--rollout.env", str(ROOT / "tests/models/vl_env.py") + ":SecondImage",
+             "--rollout.max-turns", "3", "--rollout.max-tokens", "64", "--trainer.steps", "2", out=tmp_path))  # fmt: skip
+    records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["step"] > 0]
+    assert all(r["rollout/logprob_diff_max"] < 1e-4 for r in records)
+    assert all(r["agent/observation_tokens_mean"] >= 9 for r in records), records[0].keys()
