@@ -59,6 +59,8 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm, StepPlan]:
     tokenizer, vision = models.tokenizer_of(cfg), models.vision_of(cfg)
     train_ds, val_ds = _datasets(cfg, tokenizer, agents.prompt_tools(agent_files, tokenizer), vision)
     models.check_context(cfg, {ds.name: ds.prompt_lengths() for ds in (train_ds, val_ds) if ds is not None})
+    if vision is not None and info.world_size > 1:
+        _check_every_row_has_an_image(train_ds)
     # a rollout rank of split placement loads the engine's own copy of the policy instead
     model = models.build_policy(cfg, placement) if trains else models.build_engine_copy(cfg, dist)
     sources = sorted({row.data_source for ds in (train_ds, val_ds) if ds is not None for row in ds.rows})
@@ -143,6 +145,16 @@ def _datasets(
         rows = read_sources(d.val_files, split="val", builtin_size=d.builtin_val_size, **reading)
         val = PromptDataset(rows, tokenizer, seed=seed, shuffle=False, name="--data.val-files", **common)
     return train, val
+
+
+def _check_every_row_has_an_image(ds: PromptDataset) -> None:
+    """Under torchrun a vision-language run's training rows all carry images: a micro-batch without one
+    would skip the vision tower's FSDP2 collectives on its rank while the others run them (a hang)."""
+    bare = next((row for row in ds.rows if not row.images), None)
+    if bare is not None:
+        raise ConfigError(f"{bare.origin}: a row without an image; under torchrun every training row of a "
+                          "vision-language policy needs one (ranks must run the vision tower alike); add "
+                          "an image or train in one process")  # fmt: skip
 
 
 def parameter_counts(actor: Any) -> dict[str, float]:

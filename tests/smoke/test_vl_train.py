@@ -4,6 +4,7 @@ the run in one line."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -119,3 +120,19 @@ def test_an_environment_showing_images_trains(tmp_path) -> None:
     records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["step"] > 0]
     assert all(r["rollout/logprob_diff_max"] < 1e-4 for r in records)
     assert all(r["agent/observation_tokens_mean"] >= 9 for r in records), records[0].keys()
+
+
+def test_rows_without_images_mix_in_one_process_and_are_refused_under_torchrun(tmp_path) -> None:
+    """One process trains on rows with and without images side by side; under torchrun a row without an
+    image would leave the vision tower's FSDP2 collectives unmatched across ranks: refused in one line."""
+    from tests.frames import our_frames
+    from tests.smoke.test_torchrun import torchrun
+
+    text_row = {"data_source": "builtin/shapes", "prompt": "how many red circles?", "reward_model": {"ground_truth": "0"}}
+    (tmp_path / "text.jsonl").write_text(json.dumps(text_row) + "\n")
+    files = ["--model.path", "builtin:tiny-vl", "--data.train-files", "builtin:shapes", str(tmp_path / "text.jsonl"),
+             "--data.val-files", "builtin:shapes", "--rollout.max-tokens", "4"]  # fmt: skip
+    ok(train("grpo", *SMALL, *files, "--data.builtin-train-size", "3", "--trainer.steps", "2", out=tmp_path / "one"))
+    proc = torchrun("grpo", *SMALL, *files, "--trainer.steps", "1", "--out-dir", str(tmp_path / "two"))
+    assert proc.returncode != 0 and not our_frames(proc.stderr)  # (torchrun's launcher prints its own)
+    assert f"error: {tmp_path / 'text.jsonl'} line 1: a row without an image; under torchrun every training row" in proc.stderr
