@@ -136,3 +136,17 @@ def test_rows_without_images_mix_in_one_process_and_are_refused_under_torchrun(t
     proc = torchrun("grpo", *SMALL, *files, "--trainer.steps", "1", "--out-dir", str(tmp_path / "two"))
     assert proc.returncode != 0 and not our_frames(proc.stderr)  # (torchrun's launcher prints its own)
     assert f"error: {tmp_path / 'text.jsonl'} line 1: a row without an image; under torchrun every training row" in proc.stderr
+
+
+def test_split_placement_with_images_is_the_colocated_run(tmp_path) -> None:
+    """1 rollout + 1 trainer rank at K = 0: the rollouts cross with their images (each tensor once), and the
+    run equals one colocated process metric for metric and bit for bit in the final weights."""
+    from tests.smoke.test_split import assert_same_metrics, assert_same_weights, colocated, split
+    from tests.smoke.test_split import ok as ok_run
+
+    args = ["--model.path", "builtin:tiny-vl", "--data.train-files", "builtin:shapes", "--data.val-files",
+            "builtin:shapes", "--rollout.max-tokens", "4", "--trainer.steps", "3"]  # fmt: skip
+    ok_run(colocated(*args, out=tmp_path / "colocated"))
+    ok_run(split(*args, out=tmp_path / "split"))
+    assert_same_metrics(tmp_path / "colocated", tmp_path / "split")
+    assert_same_weights(tmp_path / "colocated", tmp_path / "split")
