@@ -228,7 +228,7 @@ def run_agent(
     )
     rows = prompts.repeat_interleave(sampling.n)
     pad = pad_token_id(tokenizer)
-    images = list(rows["multi_modal_inputs"]) if vision is not None else [{}] * len(rows)
+    images = list(rows["multi_modal_inputs"]) if "multi_modal_inputs" in rows else [{}] * len(rows)
     trajectories = [
         _Trajectory(context=ids[m.bool()].tolist(), messages=_messages(raw, bool(x)) if setup.renderer else None,
                     images=[x] if x else [])
