@@ -7,10 +7,11 @@ deliberate departures.
 
 Modules: `masks` (masked reductions), `groups` (per-group statistics), `advantages` (ESTIMATORS),
 `kl` (estimators, penalty, adaptive coefficient), `losses` (aggregation, POLICY_LOSSES, value and
-entropy losses), `logprobs` (memory-bounded token log-probs).
+entropy losses), `logprobs` (memory-bounded token log-probs), `distill` (on-policy distillation's
+per-token advantages from a teacher's log-probs).
 """
 
-from rlcore.pure import advantages, groups, kl, logprobs, losses, masks
+from rlcore.pure import advantages, distill, groups, kl, logprobs, losses, masks
 from rlcore.pure.advantages import ESTIMATORS
 from rlcore.pure.kl import adaptive_kl_coef, apply_kl_penalty, kl_estimate
 from rlcore.pure.logprobs import token_logprobs
@@ -26,6 +27,7 @@ __all__ = [
     "aggregate",
     "apply_kl_penalty",
     "apply_mask",
+    "distill",
     "entropy",
     "entropy_loss",
     "groups",
