@@ -162,10 +162,10 @@ def _builtin_vision(spec: BuiltinSpec, config: Qwen2VLConfig, tokenizer: Any) ->
     return vision_processor_of(config, processor, tokenizer)
 
 
-def load_vision(path: str) -> VisionProcessor | None:
+def load_vision(path: str, tokenizer: Any = None) -> VisionProcessor | None:
     """The image processing of model `path` (`rlcore.models.vision`), None for a text-only model; no
-    weights load."""
-    tokenizer = load_tokenizer(path)
+    weights load. `tokenizer`: the model's, when already loaded (else it is loaded here)."""
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(path)
     if path.startswith(BUILTIN_PREFIX):
         name = path.removeprefix(BUILTIN_PREFIX)
         spec = builtin_spec(name)

@@ -56,7 +56,8 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm, StepPlan]:
     torch.manual_seed(cfg.trainer.seed)
     algorithm, plan = bind(cfg)
     out_dir = Path(cfg.out_dir or f"runs/{cfg.preset}-{datetime.now():%Y%m%d-%H%M%S}")
-    tokenizer, vision = models.tokenizer_of(cfg), models.vision_of(cfg)
+    tokenizer = models.tokenizer_of(cfg)
+    vision = models.vision_of(cfg, tokenizer)
     train_ds, val_ds = _datasets(cfg, tokenizer, agents.prompt_tools(agent_files, tokenizer), vision)
     models.check_context(cfg, {ds.name: ds.prompt_lengths() for ds in (train_ds, val_ds) if ds is not None})
     if vision is not None and info.world_size > 1:

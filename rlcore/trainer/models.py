@@ -21,12 +21,13 @@ def tokenizer_of(cfg: Config) -> Any:
         raise ConfigError(f"--model.path: {e}") from None
 
 
-def vision_of(cfg: Config) -> Any:
-    """The policy's image processing (`rlcore.models.vision`), None for a text-only model; no weights load."""
+def vision_of(cfg: Config, tokenizer: Any) -> Any:
+    """The policy's image processing (`rlcore.models.vision`) for its loaded `tokenizer`, None for a
+    text-only model; no weights load."""
     from rlcore.models.policy import load_vision
 
     try:
-        return load_vision(cfg.model.path)
+        return load_vision(cfg.model.path, tokenizer)
     except ValueError as e:
         raise ConfigError(f"--model.path: {e}") from None
 

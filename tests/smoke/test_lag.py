@@ -12,6 +12,18 @@ from tests.reliability.helpers import assert_same_run
 from tests.smoke.test_train import ROOT, SMALL, ok, train
 
 
+def kill_and_resume(args: list[str], tmp_path) -> None:
+    """`train.py ARGS` uninterrupted (tmp_path/reference), and SIGKILLed in step 3's update then resumed with
+    --resume auto (tmp_path/killed): the two runs end alike (metrics, final weights)."""
+    ok(train(*args, out=tmp_path / "reference"))
+    env = os.environ | {"RLCORE_TEST_KILL_AT": "3:update", "TRANSFORMERS_VERBOSITY": "error"}
+    killed = subprocess.run([sys.executable, str(ROOT / "train.py"), *args, "--out-dir", str(tmp_path / "killed")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=240, env=env)  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    ok(train(*args, "--resume", "auto", out=tmp_path / "killed"))
+    assert_same_run(tmp_path / "reference", tmp_path / "killed")
+
+
 def test_staleness_follows_the_lag_schedule(tmp_path) -> None:
     ok(train("grpo", *SMALL, "--pipeline.max-staleness", "2", "--trainer.steps", "4", "--trainer.val-every", "0",
              out=tmp_path))  # fmt: skip
@@ -27,13 +39,7 @@ def test_a_lagged_run_killed_and_resumed_equals_the_uninterrupted_one(tmp_path) 
     as the uninterrupted one does."""
     args = ["grpo", *SMALL, "--pipeline.max-staleness", "2", "--trainer.steps", "5", "--trainer.save-every", "1",
             "--trainer.val-every", "0", "--model.path", "builtin:tiny-moe", "--algo.router-replay", "replay"]  # fmt: skip
-    ok(train(*args, out=tmp_path / "reference"))
-    env = os.environ | {"RLCORE_TEST_KILL_AT": "3:update", "TRANSFORMERS_VERBOSITY": "error"}
-    killed = subprocess.run([sys.executable, str(ROOT / "train.py"), *args, "--out-dir", str(tmp_path / "killed")],
-                            cwd=ROOT, capture_output=True, text=True, timeout=240, env=env)  # fmt: skip
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    ok(train(*args, "--resume", "auto", out=tmp_path / "killed"))
-    assert_same_run(tmp_path / "reference", tmp_path / "killed")
+    kill_and_resume(args, tmp_path)
     a, b = (read_metrics(tmp_path / run / "metrics.jsonl") for run in ("reference", "killed"))
     assert [r["pipeline/staleness_max"] for r in b] == [r["pipeline/staleness_max"] for r in a]
     assert [r["rollout/router_agreement"] for r in b] == [r["rollout/router_agreement"] for r in a]

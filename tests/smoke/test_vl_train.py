@@ -5,17 +5,13 @@ the run in one line."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlcore.trainer.logger import read_metrics
 from tests.models.vl_models import png
-from tests.reliability.helpers import assert_same_run
+from tests.smoke.test_lag import kill_and_resume
 from tests.smoke.test_train import ROOT, SMALL, ok, train
 
 VL = ["--model.path", "builtin:tiny-vl", "--data.train-files", "builtin:shapes", "--data.val-files",
@@ -37,13 +33,7 @@ def test_a_lagged_vl_run_killed_and_resumed_equals_the_uninterrupted_one(tmp_pat
     """The checkpoint holds the batches generated ahead, their images among them (each tensor once)."""
     args = ["grpo", *SMALL, *VL, "--pipeline.max-staleness", "2", "--trainer.steps", "5", "--trainer.save-every",
             "1", "--trainer.val-every", "0", "--model.freeze-vision"]  # fmt: skip
-    ok(train(*args, out=tmp_path / "reference"))
-    env = os.environ | {"RLCORE_TEST_KILL_AT": "3:update", "TRANSFORMERS_VERBOSITY": "error"}
-    killed = subprocess.run([sys.executable, str(ROOT / "train.py"), *args, "--out-dir", str(tmp_path / "killed")],
-                            cwd=ROOT, capture_output=True, text=True, timeout=240, env=env)  # fmt: skip
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    ok(train(*args, "--resume", "auto", out=tmp_path / "killed"))
-    assert_same_run(tmp_path / "reference", tmp_path / "killed")
+    kill_and_resume(args, tmp_path)
     first = read_metrics(tmp_path / "reference" / "metrics.jsonl")[0]
     assert first["model/trainable_params"] < first["model/params"]  # the vision tower frozen
 
