@@ -160,8 +160,8 @@ class AlgoConfig:
     truths (teacher-forced; the sft preset), validated like rl."""
     adv_estimator: str = "grpo"
     """Advantage estimator: a key of rlcore.pure.advantages.ESTIMATORS (gae, grpo, rloo, opo, gpg,
-    reinforce_pp, reinforce_pp_baseline, remax, grpo_passk, or one a script added). Its parameters say
-    what it reads: group_ids (n >= 2), values (a critic is trained), baseline_rewards (a greedy
+    reinforce_pp, reinforce_pp_baseline, remax, grpo_passk, none (zeros: with --algo.teacher, its signal
+    alone), or one a script added). Its parameters say what it reads: group_ids (n >= 2), values (a critic is trained), baseline_rewards (a greedy
     rollout); keyword parameters named like an --algo flag get that flag's value."""
     norm_by_std: bool = True
     """grpo: divide by the group's std (False is Dr.GRPO)."""
@@ -245,6 +245,15 @@ class AlgoConfig:
     bypass: bool = False
     """Use the rollout engine's log-probs as the old policy (no recompute pass): PPO's ratio then also
     corrects the rollout/trainer gap (verl's bypass mode)."""
+    teacher: str | None = None
+    """On-policy distillation: a frozen teacher (any --model.path form: builtin:<name>, a directory, a
+    hub id, a GGUF file) scores every sampled token, and coef * (its log-prob - the policy's) joins each
+    token's advantage (rlcore.pure.distill). It must share the policy's tokenizer. None: off."""
+    teacher_coef: float = 1.0
+    """The teacher term's weight in the advantages (the task's keep weight 1; `--algo.adv-estimator none`
+    leaves the teacher's alone)."""
+    teacher_clip: float | None = None
+    """Clip each token's teacher term to [-clip, clip] nats (None: unclipped)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -442,6 +451,11 @@ PRESETS: dict[str, tuple[str, Config]] = {
     "ppo": (
         "PPO with a critic and GAE (Schulman et al. 2017)",
         _algo(preset="ppo", adv_estimator="gae", lam=0.95),
+    ),
+    "distill": (
+        "On-policy distillation: per-token reverse KL to --algo.teacher as the advantage (Agarwal et al. 2024; "
+        "Thinking Machines 2025)",
+        _algo(preset="distill", adv_estimator="none", teacher_coef=1.0),
     ),
     "sft": (
         "Supervised fine-tuning on prompt/response rows (warm starts): the gpg loss with unit advantages",

@@ -88,6 +88,10 @@ class Algorithm:
     router_aux_coef: float = 0.0
     """A mixture of experts' load-balancing loss coefficient (`rlcore.pure.routing.load_balancing_loss`;
     0: only measured)."""
+    distill: Callable[..., Tensor] | None = None
+    """On-policy distillation: `rlcore.pure.distill.distill_advantages` with its coefficient and clip
+    bound, (advantages, student log-probs, teacher log-probs, mask) -> advantages; the step then needs
+    the batch's `teacher_logprobs` (a frozen teacher's pass). None: off."""
     on_policy: bool = False
     """One update per step and no KL in the reward: the update's own forward gives the old log-probs
     (ratio 1), so the separate no-grad pass is skipped."""

@@ -23,6 +23,7 @@ from rlcore.batch import Batch, group_ids
 from rlcore.models.forward import RESPONSE_ROPE_FIELD, ROPE_FIELD, ROUTE_FIELDS
 from rlcore.pure import corrections
 from rlcore.pure.corrections import is_weights, offpolicy_metrics, rejection_mask, veto_mask
+from rlcore.pure.distill import reverse_kl_stats
 from rlcore.pure.kl import apply_kl_penalty
 from rlcore.pure.masks import masked_mean
 from rlcore.rewards.step import score_step
@@ -114,7 +115,9 @@ def estimator_kwargs(algorithm: Algorithm, batch: Batch, rewards: Tensor) -> dic
 def advantage_step(
     batch: Batch, algorithm: Algorithm, *, kl_coef: float = 0.0
 ) -> tuple[Batch, dict[str, Tensor]]:
-    """Batch + `token_rewards` (scores minus the KL penalty when kl_coef > 0), `advantages`, `returns`."""
+    """Batch + `token_rewards` (scores minus the KL penalty when kl_coef > 0), `advantages`, `returns`.
+    With a teacher (`algorithm.distill`), its term over `teacher_logprobs` and `old_logprobs` is added to
+    the advantages (the returns, a critic's targets, stay the task's) and `teacher/*` metrics logged."""
     scores, mask = batch["token_scores"], batch["response_mask"]
     metrics: dict[str, Tensor] = {}
     rewards = scores
@@ -124,6 +127,10 @@ def advantage_step(
         )
         metrics |= {f"actor/{k}": v for k, v in kl_metrics.items()}
     advantages, returns = algorithm.advantage_fn(**estimator_kwargs(algorithm, batch, rewards))
+    if algorithm.distill is not None:  # the teacher's per-token term joins the task's advantages
+        student, teacher = batch["old_logprobs"], batch["teacher_logprobs"]
+        advantages = algorithm.distill(advantages, student, teacher, mask)
+        metrics |= reverse_kl_stats(student, teacher, mask)
     metrics |= {
         "critic/score/mean": scores.sum(-1).mean(),
         "critic/rewards/mean": rewards.sum(-1).mean(),

@@ -220,6 +220,13 @@ def grpo_passk(
     return out, out
 
 
+def no_task(token_rewards: Tensor, response_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """No task advantage: zeros (the `none` estimator). With a teacher (on-policy distillation,
+    rlcore.pure.distill) the teacher's per-token term is then the whole advantage."""
+    zeros = torch.zeros_like(token_rewards) * response_mask
+    return zeros, zeros
+
+
 ESTIMATORS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
     "gae": gae,
     "grpo": grpo,
@@ -232,4 +239,5 @@ ESTIMATORS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
     "reinforce_plus_plus_baseline": reinforce_pp_baseline,
     "remax": remax,
     "grpo_passk": grpo_passk,
+    "none": no_task,
 }

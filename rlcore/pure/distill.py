@@ -58,6 +58,6 @@ def reverse_kl_stats(
     largest = torch.where(mask, kl, torch.finfo(kl.dtype).min).amax() if mask.numel() else kl.new_zeros(())
     return {
         "teacher/reverse_kl": masked_mean(kl, response_mask),
-        "teacher/reverse_kl_max": torch.where(mask.any(), largest, torch.zeros_like(largest)),  # 0 without tokens
+        "teacher/reverse_kl_max": torch.where(mask.any(), largest, torch.zeros_like(largest)),  # 0: no tokens
         "teacher/unlikely_frac": masked_mean(low, response_mask),
     }

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 from functools import partial
 from typing import Any
 
@@ -21,6 +22,7 @@ from configs import AlgoConfig, Config, ConfigError, CriticConfig, OptimConfig
 from rlcore.algorithm import ESTIMATOR_INPUTS, Algorithm, estimator_inputs, missing_inputs, parameters
 from rlcore.plan import ForwardPlan, KLControl, RolloutPlan, Schedule, StepPlan
 from rlcore.pure.advantages import ESTIMATORS
+from rlcore.pure.distill import distill_advantages
 from rlcore.pure.kl import KL_KINDS
 from rlcore.pure.losses import POLICY_LOSSES, value_loss
 from rlcore.rewards.step import OverlongPenalty
@@ -74,6 +76,35 @@ def check_algorithm(cfg: Config) -> None:
         f"--algo.policy-loss {a.policy_loss}: a policy loss takes (logprob, old_logprob, advantages, response_mask, ...)",
     )
     _check_corrections(a)
+    _check_teacher(cfg)
+
+
+def _check_teacher(cfg: Config) -> None:
+    """On-policy distillation's flags: a teacher where the advantages need one, a usable coefficient and clip."""
+    a = cfg.algo
+    if a.teacher is None:
+        fix = (
+            "give --algo.teacher PATH"
+            if cfg.preset == "distill"
+            else "choose another estimator or give --algo.teacher"
+        )
+        need(
+            a.adv_estimator != "none",
+            f"--algo.adv-estimator none: without a teacher no advantage is left to learn from; {fix}",
+        )
+        return
+    need(
+        a.objective == "rl",
+        f"--algo.teacher {a.teacher}: distillation scores sampled tokens; --algo.objective sft samples none",
+    )
+    need(
+        math.isfinite(a.teacher_coef) and a.teacher_coef > 0,
+        f"--algo.teacher-coef {a.teacher_coef}: must be > 0",
+    )
+    need(
+        a.teacher_clip is None or a.teacher_clip > 0,
+        f"--algo.teacher-clip {a.teacher_clip}: must be > 0 (or unset)",
+    )
 
 
 def _check_estimator(cfg: Config) -> None:
@@ -136,8 +167,9 @@ def on_policy(cfg: Config) -> bool:
     gap to the policy that sampled it is what the corrections weigh, and they need the separate pass."""
     a = cfg.algo
     corrected = corrects(a) or a.bypass  # the old log-probs come before the update
+    before = corrected or a.teacher is not None  # (a teacher's term is taken against them)
     one_update = a.ppo_epochs == 1 and a.mini_batch_size in (None, cfg.data.batch_size)
-    return one_update and a.kl_coef == 0 and not corrected
+    return one_update and a.kl_coef == 0 and not before
 
 
 def bind(cfg: Config) -> tuple[Algorithm, StepPlan]:
@@ -217,8 +249,16 @@ def algorithm_of(a: AlgoConfig, critic: CriticConfig | None = None, *, on_policy
         bypass=a.bypass,
         router_aux_coef=a.router_aux_coef,
         value_loss_fn=partial(value_loss, clip=critic.value_clip, agg=a.loss_agg),
+        distill=_distill(a),
         on_policy=on_policy,
     )
+
+
+def _distill(a: AlgoConfig) -> Any:
+    """distill_advantages with --algo.teacher-coef and --algo.teacher-clip bound, or None without a teacher."""
+    if a.teacher is None:
+        return None
+    return partial(distill_advantages, coef=a.teacher_coef, clip=a.teacher_clip)
 
 
 def _correction(a: AlgoConfig) -> Any:

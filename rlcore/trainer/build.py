@@ -58,6 +58,8 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm, StepPlan]:
     out_dir = Path(cfg.out_dir or f"runs/{cfg.preset}-{datetime.now():%Y%m%d-%H%M%S}")
     tokenizer = models.tokenizer_of(cfg)
     vision = models.vision_of(cfg, tokenizer)
+    if cfg.algo.teacher is not None:
+        models.check_teacher(cfg, tokenizer)  # before any weights load
     train_ds, val_ds = _datasets(cfg, tokenizer, agents.prompt_tools(agent_files, tokenizer), vision)
     models.check_context(cfg, {ds.name: ds.prompt_lengths() for ds in (train_ds, val_ds) if ds is not None})
     if vision is not None and info.world_size > 1:
@@ -73,6 +75,7 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm, StepPlan]:
                           math_verifier=r.math_verifier) if generates else None  # fmt: skip
     needs_ref = plan.needs_ref and trains
     ref_model = models.build_reference(cfg, placement) if needs_ref else None
+    teacher = models.build_teacher(cfg, placement) if algorithm.distill is not None and trains else None
     actor = models.build_state(cfg, model, dist) if trains else None
     engine = None
     if generates:  # an in-process vLLM takes the default group as its world: there, the rollout ranks
@@ -96,7 +99,8 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm, StepPlan]:
                            wandb_run=logger.wandb_run)  # fmt: skip
     state = TrainState(actor=actor, critic=critic, kl_coef=cfg.algo.kl_coef, cursor=Cursor())
     h = Handles(out_dir=out_dir, placement=placement, dist=dist, mesh=mesh, tokenizer=tokenizer,
-                train_ds=train_ds, val_ds=val_ds, scorer=scorer, engine=engine, ref_model=ref_model, logger=logger,
+                train_ds=train_ds, val_ds=val_ds, scorer=scorer, engine=engine, ref_model=ref_model,
+                teacher_model=teacher, logger=logger,
                 samples=samples, transport=transport_of(placement.role), model_base=model_base(cfg),
                 hooks=Hooks.from_env(), outbox=Outbox() if placement.role == "trainer" else None,
                 relay=_relay(cfg, placement, model))  # fmt: skip

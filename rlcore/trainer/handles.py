@@ -87,6 +87,9 @@ class Handles:
     """The rollout engine (None on a trainer rank of split placement)."""
     ref_model: nn.Module | None
     """The frozen reference policy (None without KL, and on a rollout rank)."""
+    teacher_model: nn.Module | None = None
+    """On-policy distillation's frozen teacher, sharded like the policy (None without --algo.teacher, and
+    on a rollout rank)."""
     logger: MetricsLogger
     samples: SampleWriter
     """Each step's first --log.samples samples as text (a writer that writes nothing off rank 0)."""

@@ -1,6 +1,6 @@
 """One step's learning: `learn(state, handles, algorithm, plan, batch) -> (state, metrics, batch)`.
 
-Old and reference log-probs, values, KL penalty and advantages, then the critic's and the actor's
+Old, reference and (distillation) teacher log-probs, values, KL penalty and advantages, then the critic's and the actor's
 updates (`rlcore.update.run_updates`, the one update loop), then the adaptive KL controller on the
 KL of the global batch. Every number comes from the `StepPlan` (rlcore.plan), none from a config. The
 model passes run under the plan's compute dtype (`compute_precision`); the advantage math does not. The engine sleeps meanwhile (the caller's job).
@@ -35,8 +35,8 @@ from rlcore.update import update_step
 
 
 class Passes(Protocol):
-    """What `learn` uses besides the state: where it runs and the frozen reference (the run's `Handles`
-    have these; a script passes any object that does)."""
+    """What `learn` uses besides the state: where it runs, the frozen reference and teacher (the run's
+    `Handles` have these; a script passes any object that does)."""
 
     @property
     def dist(self) -> DistInfo: ...  # this rank's device and the world size
@@ -44,6 +44,8 @@ class Passes(Protocol):
     def mesh(self) -> DeviceMesh | None: ...  # the data-parallel mesh the updates reduce over
     @property
     def ref_model(self) -> nn.Module | None: ...  # None: no KL, or LoRA's adapter-disabled actor
+    @property
+    def teacher_model(self) -> nn.Module | None: ...  # on-policy distillation's frozen teacher
 
 
 class TrainingDiverged(RuntimeError):
@@ -53,8 +55,8 @@ class TrainingDiverged(RuntimeError):
 def learn(
     state: TrainState, h: Passes, algorithm: Algorithm, plan: StepPlan, batch: Batch
 ) -> tuple[TrainState, dict[str, Any], Batch]:
-    """Old/reference log-probs, values, advantages, then the critic and actor updates of one step; the
-    batch comes back with what the step computed for it (old/ref log-probs, values, advantages)."""
+    """Old/reference/teacher log-probs, values, advantages, then the critic and actor updates of one step;
+    the batch comes back with what the step computed for it (those log-probs, values, advantages)."""
     step, metrics, forward = state.step + 1, {}, plan.forward.forward_kwargs()
     amp = functools.partial(
         compute_precision, plan.forward.compute_dtype, h.dist.device
@@ -71,6 +73,9 @@ def learn(
     if plan.needs_ref:
         with amp(), phase("ref_logprobs"), reference(state, h) as ref:
             batch = logprob_step(ref, batch, key="ref_logprobs", **forward)
+    if algorithm.distill is not None:  # on-policy distillation: the teacher scores the sampled tokens
+        with amp(), phase("teacher_logprobs"):
+            batch = logprob_step(teacher(h), batch, key="teacher_logprobs", **forward)
     if state.critic is not None:
         with amp(), phase("values"):
             values = compute_values(state.critic.model, batch, micro_batch_size=plan.forward.micro_batch_size,
@@ -124,6 +129,13 @@ def reference(state: TrainState, h: Passes) -> Iterator[nn.Module]:
 
     with adapter_disabled(state.actor.model):
         yield state.actor.model
+
+
+def teacher(h: Passes) -> nn.Module:
+    """The frozen teacher of on-policy distillation (a run with `algorithm.distill` builds one)."""
+    if h.teacher_model is None:
+        raise ValueError("the algorithm distills from a teacher; the step's passes hold none (teacher_model)")
+    return h.teacher_model
 
 
 def next_kl_coef(h: Passes, coef: float, local_kl: torch.Tensor, control: KLControl, *, rows: int) -> float:

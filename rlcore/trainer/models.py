@@ -129,6 +129,39 @@ def build_reference(cfg: Config, placement: Any) -> Any:
     return shard(model, placement)
 
 
+def check_teacher(cfg: Config, tokenizer: Any) -> None:
+    """--algo.teacher loads as a model path and shares the policy's tokenizer (its log-probs are of the
+    policy's token ids): the same vocabulary, token for token, and logits for all of it; else one line."""
+    path = cfg.algo.teacher
+    try:
+        theirs = load_tokenizer(path).get_vocab()
+    except ValueError as e:
+        raise ConfigError(f"--algo.teacher: {e}") from None
+    config = _model_config(path, flag="--algo.teacher")
+    ours = tokenizer.get_vocab()
+    differ = sorted(set(ours.items()) ^ set(theirs.items()), key=lambda kv: kv[1])
+    if differ:
+        token, index = differ[0]
+        raise ConfigError(
+            f"--algo.teacher {path}: its vocabulary differs from the policy's (--model.path {cfg.model.path}): "
+            f"{len(ours)} vs {len(theirs)} tokens, first difference {token!r} (id {index}); a teacher must "
+            "share the student's tokenizer"
+        )
+    size = config.get_text_config().vocab_size
+    need(size >= len(ours), f"--algo.teacher {path}: its model scores {size} token ids, fewer than the "
+                            f"{len(ours)} of the shared tokenizer; its config.json does not fit its tokenizer")  # fmt: skip
+
+
+def build_teacher(cfg: Config, placement: Any) -> Any:
+    """On-policy distillation's teacher (--algo.teacher): frozen, in eval mode, sharded like the policy."""
+    try:
+        model = load_model(cfg.algo.teacher, dtype=DTYPES[cfg.model.dtype], seed=cfg.trainer.seed)
+    except ValueError as e:
+        raise ConfigError(f"--algo.teacher: {e}") from None
+    model = model.to(placement.local.device).eval().requires_grad_(False)
+    return shard(model, placement)
+
+
 def build_state(cfg: Config, model: Any, dist: Any) -> Any:
     """The actor's ModelState: the policy with AdamW (--optim) and its schedule over the run's updates."""
     from rlcore.trainer.algorithm import model_state, updates_per_run
@@ -306,8 +339,9 @@ def _positions(path: str) -> int | None:
     return limit if isinstance(limit, int) else None
 
 
-def _model_config(path: str) -> Any:
-    """The Hugging Face config of --model.path (a built-in model's from its spec), without weights."""
+def _model_config(path: str, *, flag: str = "--model.path") -> Any:
+    """The Hugging Face config of a model path (a built-in model's from its spec), without weights;
+    `flag` names the path in an error."""
     from transformers import AutoConfig
 
     from rlcore.models.policy import BUILTIN_PREFIX, builtin_config, load_tokenizer
@@ -316,11 +350,11 @@ def _model_config(path: str) -> Any:
         try:
             return builtin_config(path.removeprefix(BUILTIN_PREFIX), load_tokenizer(path))
         except ValueError as e:
-            raise ConfigError(f"--model.path: {e}") from None
+            raise ConfigError(f"{flag}: {e}") from None
     try:
         return AutoConfig.from_pretrained(_directory(path))
     except (OSError, ValueError) as e:
-        raise ConfigError(f"--model.path {path}: no readable config.json ({e})") from None
+        raise ConfigError(f"{flag} {path}: no readable config.json ({e})") from None
 
 
 def _vllm_engine(cfg: Config, model: Any, tokenizer: Any) -> Any:

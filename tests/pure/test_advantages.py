@@ -295,10 +295,16 @@ def test_masked_positions_never_affect_outputs_or_gradients(case, junk):
 def test_estimator_table_has_every_name_and_verl_spellings():
     expected = {
         "gae", "grpo", "rloo", "opo", "gpg", "reinforce_pp", "reinforce_pp_baseline", "remax", "grpo_passk",
-        "reinforce_plus_plus", "reinforce_plus_plus_baseline",
+        "reinforce_plus_plus", "reinforce_plus_plus_baseline", "none",
     }  # fmt: skip
     assert set(adv.ESTIMATORS) == expected
     assert adv.ESTIMATORS["reinforce_plus_plus"] is adv.reinforce_pp
+
+
+def test_none_gives_zero_advantages_and_returns():
+    r, m = torch.tensor([[0.0, 2.0], [1.0, 0.0]]), torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    a, ret = adv.ESTIMATORS["none"](r, m)
+    assert a.tolist() == [[0.0, 0.0], [0.0, 0.0]] and ret.tolist() == a.tolist()
 
 
 def _call(name, r, m, ids, v):
@@ -313,7 +319,7 @@ def _call(name, r, m, ids, v):
     return fn(r, m, ids)
 
 
-@pytest.mark.parametrize("name", sorted(adv.ESTIMATORS))
+@pytest.mark.parametrize("name", sorted(set(adv.ESTIMATORS) - {"none"}))  # (none: zeros, tested above)
 def test_every_estimator_runs_on_the_same_batch(name):
     r, m, ids = random_case(5)
     v = torch.randn(r.shape, generator=torch.Generator().manual_seed(9), dtype=F64)

@@ -45,3 +45,34 @@ def test_reverse_kl_stats_by_hand():
     empty = reverse_kl_stats(STUDENT, TEACHER, torch.zeros_like(MASK))
     assert all(float(v) == 0.0 for v in empty.values())
     assert all(v.dim() == 0 for v in stats.values())  # metrics stay tensors (no host sync)
+
+
+def test_advantage_step_adds_the_teacher_term_to_grpo_and_keeps_the_returns():
+    """rlcore.steps.advantage_step with GRPO and a teacher (coef 0.5): one group of two rows scoring 1 and
+    0 (mean 0.5, unbiased std 1/sqrt(2): GRPO advantages +-1/sqrt(2) ~ +-0.70711 on every response token),
+    plus 0.5 * (teacher - old log-prob) per token; the returns stay GRPO's."""
+    from functools import partial
+
+    from rlcore.algorithm import Algorithm
+    from rlcore.batch import Batch
+    from rlcore.pure.advantages import ESTIMATORS
+    from rlcore.pure.losses import POLICY_LOSSES
+    from rlcore.steps import advantage_step
+
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    batch = Batch.from_dict({
+        "token_scores": torch.tensor([[0.0, 1.0], [0.0, 0.0]]), "response_mask": mask, "uid": ["p", "p"],
+        "old_logprobs": torch.tensor([[-1.0, -2.0], [-0.5, -3.0]]),
+        "teacher_logprobs": torch.tensor([[-0.5, -4.0], [-1.5, 0.0]]),
+    })  # fmt: skip
+    algorithm = Algorithm(advantage_fn=ESTIMATORS["grpo"], policy_loss_fn=POLICY_LOSSES["ppo_clip"],
+                          distill=partial(distill_advantages, coef=0.5))  # fmt: skip
+    out, metrics = advantage_step(batch, algorithm)
+    a = 1 / math.sqrt(2)
+    # teacher - old: [[0.5, -2], [-1, masked]]; halved: [[0.25, -1], [-0.5, 0]]
+    expected = torch.tensor([[a + 0.25, a - 1.0], [-a - 0.5, 0.0]])
+    assert torch.allclose(out["advantages"], expected, atol=1e-5)
+    assert torch.allclose(out["returns"], torch.tensor([[a, a], [-a, 0.0]]), atol=1e-5)
+    # reverse KL (old - teacher) over the 3 response tokens: [-0.5, 2, 1]: mean 2.5 / 3, max 2
+    assert metrics["teacher/reverse_kl"].item() == pytest.approx(2.5 / 3)
+    assert metrics["teacher/reverse_kl_max"].item() == pytest.approx(2.0)

@@ -227,6 +227,18 @@ CASES = [  # (case, flags, the error line after "error: ")
     ("images for a text model", [F, "{d}/image_row.jsonl"],
      "{d}/image_row.jsonl line 1: field 'images': the model is not a vision-language model; give --model.path a "
      "Qwen2-VL / Qwen2.5-VL / Qwen3-VL model (or builtin:tiny-vl)"),
+    ("teacher path is a file", ["--algo.teacher", "{d}/a_file"],
+     "--algo.teacher: model path '{d}/a_file' is not a directory; expected a local Hugging Face model directory "
+     "or a hub id such as Qwen/Qwen2.5-0.5B-Instruct (or builtin:<name>, name in …"),
+    pytest.param(  # (a pytest.param: not in the README's table, where the token's `|` would cut its cell)
+        "teacher with another vocabulary", ["--algo.teacher", "builtin:tiny-vl"],
+        "--algo.teacher builtin:tiny-vl: its vocabulary differs from the policy's (--model.path builtin:tiny-reverse): "
+        "103 vs 106 tokens, first difference '<|vision_start|>' (id 103); a teacher must share the student's tokenizer"),
+    ("no advantage without a teacher", ["--algo.adv-estimator", "none"],
+     "--algo.adv-estimator none: without a teacher no advantage is left to learn from; choose another estimator "
+     "or give --algo.teacher"),
+    ("teacher weight 0", ["--algo.teacher", "builtin:tiny", "--algo.teacher-coef", "0"],
+     "--algo.teacher-coef 0.0: must be > 0"),
     ("output directory is a file", ["--out-dir", "{d}/a_file"],
      "--out-dir {d}/a_file: exists and is not a directory; give a new or an existing run directory"),
 ]  # fmt: skip
