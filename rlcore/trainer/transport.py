@@ -18,16 +18,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from torch import nn
+from torch import Tensor, nn
 
 from rlcore.algorithm import Algorithm
+from rlcore.batch import Batch
 from rlcore.plan import StepPlan
 from rlcore.state import Rollout, TrainState
+from rlcore.steps import logprob_step
 from rlcore.trainer import split
 from rlcore.trainer.collect import fill, step_seed
+from rlcore.trainer.learn import compute_precision
 from rlcore.trainer.logger import gpu_free_mb
 from rlcore.trainer.validation import validate_policy
 from rlcore.trainer.weights import push_weights
@@ -81,10 +84,25 @@ class Colocated:
             k=plan.rollout.val_n,
             seed=step_seed(plan.seed, step, "val"),
             samples=lambda batch: h.samples.write(step, batch, validation=True),
+            teacher=teacher_pass(h, plan),
         )
 
     def finish(self, h: Handles) -> None:
         pass
+
+
+def teacher_pass(h: Handles, plan: StepPlan) -> Callable[[Batch], Tensor] | None:
+    """A batch's teacher log-probs at temperature 1 (validation's samples are drawn at 1), None without a
+    teacher here (a rollout rank of split placement validates without one)."""
+    if h.teacher_model is None:
+        return None
+    forward = plan.forward.forward_kwargs() | {"temperature": 1.0}
+
+    def score(batch: Batch) -> Tensor:
+        with compute_precision(plan.forward.compute_dtype, h.dist.device):
+            return logprob_step(h.teacher_model, batch, key="teacher_logprobs", **forward)["teacher_logprobs"]
+
+    return score
 
 
 @dataclasses.dataclass(frozen=True)

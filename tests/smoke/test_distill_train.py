@@ -20,7 +20,7 @@ from tests.smoke.test_train import SMALL, ok, train
 
 TEACHER = ["--algo.teacher", "builtin:tiny-reverse"]
 LEARNS = ["distill", *SMALL, *TEACHER, "--model.path", "builtin:tiny-calc", "--data.batch-size", "8",
-          "--trainer.val-every", "0", "--optim.lr", "1e-3"]  # fmt: skip
+          "--optim.lr", "1e-3"]  # fmt: skip
 
 
 def column(out, key: str) -> list[float]:
@@ -29,8 +29,13 @@ def column(out, key: str) -> list[float]:
 
 def test_the_student_moves_toward_the_teacher(tmp_path) -> None:
     """12 steps of pure distillation (`--algo.adv-estimator none`): the reverse KL to the teacher falls and
-    the task reward rises, with no reward in the advantages."""
-    ok(train(*LEARNS, "--trainer.steps", "12", out=tmp_path))
+    the task reward rises, with no reward in the advantages; so do they on held-out prompts (validation's
+    samples at temperature 1, scored by the teacher: val/teacher/*)."""
+    ok(train(*LEARNS, "--trainer.steps", "12", "--trainer.val-every", "12", "--data.builtin-val-size", "32",
+             out=tmp_path))  # fmt: skip
+    held_out = column(tmp_path, "val/teacher/reverse_kl")
+    assert len(held_out) == 2 and held_out[1] < held_out[0] - 0.5, held_out
+    assert column(tmp_path, "val/pass@k")[1] > column(tmp_path, "val/pass@k")[0]
     kl, reward = column(tmp_path, "teacher/reverse_kl"), column(tmp_path, "train/reward_mean")
     assert len(kl) == 12 and all(k > 0 for k in kl)
     assert statistics.mean(kl[-4:]) < statistics.mean(kl[:4]) - 0.5, kl
@@ -64,7 +69,8 @@ def test_distillation_mixes_with_a_task_and_a_kl_loss_on_lora(tmp_path) -> None:
 
 
 def test_a_distillation_run_killed_and_resumed_equals_the_uninterrupted_one(tmp_path) -> None:
-    kill_and_resume([*LEARNS, "--trainer.steps", "4", "--trainer.save-every", "1"], tmp_path)
+    kill_and_resume([*LEARNS, "--trainer.steps", "4", "--trainer.save-every", "1", "--trainer.val-every", "0"],
+                    tmp_path)  # fmt: skip
 
 
 def test_split_placement_distills_on_the_trainer_rank(tmp_path) -> None:
@@ -73,7 +79,8 @@ def test_split_placement_distills_on_the_trainer_rank(tmp_path) -> None:
     from tests.smoke.test_split import assert_same_metrics, assert_same_weights, colocated, split
     from tests.smoke.test_split import ok as ok_run
 
-    args = [*TEACHER, "--algo.teacher-clip", "5", "--model.path", "builtin:tiny-calc", "--trainer.steps", "3"]
+    args = [*TEACHER, "--algo.teacher-clip", "5", "--model.path", "builtin:tiny-calc", "--trainer.steps", "3",
+            "--trainer.val-every", "0"]  # (split: the rollout rank validates, without the teacher: no val/teacher/*)
     ok_run(colocated(*args, out=tmp_path / "colocated"))
     ok_run(split(*args, out=tmp_path / "split"))
     assert column(tmp_path / "split", "teacher/reverse_kl")
@@ -84,7 +91,7 @@ def test_split_placement_distills_on_the_trainer_rank(tmp_path) -> None:
 def test_two_ranks_shard_the_teacher_and_stay_aligned(tmp_path) -> None:
     """Under torchrun (2 gloo ranks) the teacher is FSDP2-sharded like the policy: a teacher equal to the
     policy still gives KL 0 on every token of both ranks (the max is reduced over ranks) and moves no
-    weight; a different teacher trains."""
+    weight; a different teacher trains, and scores validation's samples on both ranks alike."""
     from tests.smoke.test_torchrun import ARGS, torchrun
 
     proc = torchrun("distill", *ARGS, *TEACHER, "--trainer.steps", "2", "--out-dir", str(tmp_path / "same"))
@@ -94,6 +101,7 @@ def test_two_ranks_shard_the_teacher_and_stay_aligned(tmp_path) -> None:
     final = load_file(tmp_path / "same" / "final" / "model.safetensors")
     assert all(torch.equal(final[name], start[name]) for name in start)
     proc = torchrun("distill", *ARGS, "--algo.teacher", "builtin:tiny", "--trainer.steps", "2",
-                    "--out-dir", str(tmp_path / "other"))  # fmt: skip
+                    "--trainer.val-every", "2", "--data.builtin-val-size", "8", "--out-dir", str(tmp_path / "other"))  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert all(k > 1.0 for k in column(tmp_path / "other", "teacher/reverse_kl"))
+    assert len(column(tmp_path / "other", "val/teacher/reverse_kl")) == 2  # each rank's sharded teacher scored
