@@ -151,6 +151,24 @@ class RewardConfig:
     "=" by the PRM800K grader and numeric rules (1 / 0; unboxed counts). math-verify: every math
     data_source (not geometry3k, whose reward also scores the format) by symbolic equivalence of any
     final answer, boxed or not (1 / 0)."""
+    judge: str | None = None
+    """A generative judge (rlcore.rewards.judge): a language model (any --model.path form) that reads each
+    prompt and response through --reward.judge-template and writes a verdict, which --reward.judge-parser
+    turns into the score (an unreadable verdict scores --reward.failure-score and is counted). None: off."""
+    judge_template: str | None = None
+    """The judge's prompt, a text file with {prompt}, {response} and optionally {ground_truth} (None: the
+    built-in reference-answer check, read by the score parser)."""
+    judge_parser: str = "score"
+    """How a verdict becomes a number: score (the last "score: N"), boxed (the last \\boxed{N}), yes_no
+    (yes 1, no 0), or path/to/file.py:function (text -> float, None when it cannot read it)."""
+    judge_sources: tuple[str, ...] = ()
+    """The data sources the judge scores (empty: every one); the others keep their rule rewards."""
+    judge_engine: Literal["native", "vllm"] = "native"
+    """The judge's own engine, in the rollout ranks' processes: native, or vLLM (the judge's directory)."""
+    judge_max_tokens: int = 32
+    """The longest verdict in tokens."""
+    judge_temperature: float = 0.0
+    """The judge's sampling temperature (0: greedy; above 0 seeded by --trainer.seed and the requests)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,7 +9,8 @@ configured). It lands on the LAST token where `response_mask` is 1 of `token_sco
 elsewhere; a row with no response token gets nothing. Metrics (0-dim tensors): `reward/score_mean`,
 `reward/errors`, `reward/timeouts` (sample counts), `reward/<key>` (mean of each extra a dict
 reward returned), `reward/rule_mean` and `reward/rm_mean` when a reward model is mixed in,
-`reward/overlong_penalty_mean` and `reward/overlong_frac` with the overlong penalty.
+`reward/overlong_penalty_mean` and `reward/overlong_frac` with the overlong penalty; with a generative
+judge (`rlcore.rewards.judge`), `reward/judge_mean`, `reward/judge_failures` and `reward/judge_s`.
 The batch gains `token_scores` and `reward_extras` (the per-row extras dicts).
 The text scored is every real response token (`response_attention` where the batch has it): a
 multi-turn response is scored with its tool results, which the policy saw but is not trained on.
@@ -28,6 +29,7 @@ import torch
 from torch import Tensor
 
 from rlcore.batch import Batch
+from rlcore.rewards.judge import Judge
 from rlcore.rewards.pool import RewardScorer
 
 
@@ -87,10 +89,12 @@ def score_step(
     rule_weight: float = 1.0,
     rm_weight: float = 1.0,
     overlong: OverlongPenalty | None = None,
+    judge: Judge | None = None,
 ) -> tuple[Batch, dict[str, Tensor]]:
-    """Batch + `token_scores` (b, t) and `reward_extras`, and the step's reward metrics."""
-    if scorer is None and reward_model is None:
-        raise ValueError("score_step needs a rule scorer, a reward model, or both")
+    """Batch + `token_scores` (b, t) and `reward_extras`, and the step's reward metrics; with a `judge`,
+    its rows' scores come from its verdicts (`judge_verdicts` in the batch, None on other rows)."""
+    if scorer is None and reward_model is None and judge is None:
+        raise ValueError("score_step needs a rule scorer, a reward model, a judge, or some of them")
     responses, response_mask = batch["responses"], batch["response_mask"]
     # the whole response as the policy saw it: multi-turn tool results (attended, not trained) included
     visible = batch["response_attention"] if "response_attention" in batch else response_mask  # noqa: SIM401
@@ -99,9 +103,17 @@ def score_step(
     total = torch.zeros(len(batch), dtype=torch.float64)  # (b,)
     extras: list[dict[str, float]] = [{} for _ in texts]
     episodes = "env_rewards" in batch
-    scored = (
-        [i for i, s in enumerate(batch["data_source"]) if not episodes or scorer.covers(s)] if scorer else []
+    judged = [i for i, s in enumerate(batch["data_source"]) if judge is not None and judge.covers(s)]
+    ruled = (
+        (i for i, s in enumerate(batch["data_source"]) if not episodes or scorer.covers(s)) if scorer else ()
     )
+    scored = sorted(set(ruled) - set(judged))
+    if judged:
+        total, verdicts, judge_metrics = _judged(
+            judge, batch, texts, judged, _prompts(batch, tokenizer), total
+        )
+        metrics |= judge_metrics
+        batch = batch.with_(judge_verdicts=verdicts, overwrite=True)
     if scored:
         pick = lambda key: [batch[key][i] for i in scored]  # noqa: E731
         result = scorer.score(
@@ -140,6 +152,23 @@ def score_step(
     token_scores = last_token_scores(total.to(response_mask.device), response_mask)  # (b, t)
     metrics = {k: v.to(torch.float32) for k, v in metrics.items()}
     return batch.with_(token_scores=token_scores, reward_extras=extras), metrics
+
+
+def _judged(judge: Judge, batch: Batch, texts: list[str], rows: list[int], prompts: list[Any],
+            total: Tensor) -> tuple[Tensor, list[str | None], dict[str, Tensor]]:  # fmt: skip
+    """The judge's scores added to `total` at `rows`, each row's verdict (None: not judged) and the
+    metrics `reward/judge_mean`, `reward/judge_failures` (verdicts not read) and `reward/judge_s`."""
+    v = judge.judge(
+        [prompts[i] for i in rows], [texts[i] for i in rows], [batch["ground_truth"][i] for i in rows]
+    )
+    scores = torch.zeros_like(total)
+    scores[rows] = torch.tensor(v.scores, dtype=total.dtype)
+    verdicts: list[str | None] = [None] * len(batch)
+    for i, text in zip(rows, v.texts, strict=True):
+        verdicts[i] = text
+    metrics = {"reward/judge_mean": scores[rows].mean(), "reward/judge_failures": torch.tensor(float(v.failures)),
+               "reward/judge_s": torch.tensor(v.seconds)}  # fmt: skip
+    return total + scores, verdicts, metrics
 
 
 def _prompts(batch: Batch, tokenizer: Any) -> list[Any]:

@@ -25,7 +25,7 @@ from rlcore.rewards.dispatch import find_reward
 from rlcore.rewards.pool import RewardScorer
 from rlcore.rollout.env import EnvSpecError
 from rlcore.state import TrainState
-from rlcore.trainer import agents, models
+from rlcore.trainer import agents, judges, models
 from rlcore.trainer.algorithm import bind, learning_rate, sync_bucket_bytes
 from rlcore.trainer.faults import Hooks
 from rlcore.trainer.handles import Handles, Outbox
@@ -60,6 +60,7 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm, StepPlan]:
     vision = models.vision_of(cfg, tokenizer)
     if cfg.algo.teacher is not None:
         models.check_teacher(cfg, tokenizer)  # before any weights load
+    judging = judges.judge_parts(cfg)  # the judge's template, parser and tokenizer (None: no judge)
     train_ds, val_ds = _datasets(cfg, tokenizer, agents.prompt_tools(agent_files, tokenizer), vision)
     models.check_context(cfg, {ds.name: ds.prompt_lengths() for ds in (train_ds, val_ds) if ds is not None})
     if vision is not None and info.world_size > 1:
@@ -70,6 +71,8 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm, StepPlan]:
     r = cfg.reward
     if cfg.rollout.env is not None:  # an env scores its episodes: a reward function only where one exists
         sources = [s for s in sources if find_reward(s) is not None]
+    if judging is not None:  # the judge's sources need no reward function
+        sources = [s for s in sources if judging.sources and s not in judging.sources]
     scorer = RewardScorer(r.custom, data_sources=sources, num_workers=r.num_workers, timeout_s=r.timeout_s,
                           failure_score=r.failure_score, max_error_rate=r.max_error_rate,
                           math_verifier=r.math_verifier) if generates else None  # fmt: skip
@@ -82,6 +85,10 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm, StepPlan]:
         with as_world(placement.rollouts if cfg.rollout.engine == "vllm" else None):
             engine = models.build_engine(cfg, model, tokenizer, dist)
         engine = agents.agent_engine(cfg, engine, tokenizer, agent_files, vision)
+    judge = None
+    if judging is not None and generates:
+        with as_world(placement.rollouts if cfg.reward.judge_engine == "vllm" else None):
+            judge = judges.build_judge(cfg, judging, dist)
     critic = models.build_critic_state(cfg, placement) if algorithm.needs_critic and trains else None
     if placement.writes:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -99,7 +106,7 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm, StepPlan]:
                            wandb_run=logger.wandb_run)  # fmt: skip
     state = TrainState(actor=actor, critic=critic, kl_coef=cfg.algo.kl_coef, cursor=Cursor())
     h = Handles(out_dir=out_dir, placement=placement, dist=dist, mesh=mesh, tokenizer=tokenizer,
-                train_ds=train_ds, val_ds=val_ds, scorer=scorer, engine=engine, ref_model=ref_model,
+                train_ds=train_ds, val_ds=val_ds, scorer=scorer, engine=engine, judge=judge, ref_model=ref_model,
                 teacher_model=teacher, logger=logger,
                 samples=samples, transport=transport_of(placement.role), model_base=model_base(cfg),
                 hooks=Hooks.from_env(), outbox=Outbox() if placement.role == "trainer" else None,

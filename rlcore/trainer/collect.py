@@ -110,7 +110,7 @@ def collect(
             batch, m = rollout_step(h.engine, prompts, sampling(plan, step, round_, h.dist.rank))
         with phase("scoring"):
             h.hooks.stall(h.dist.rank, step, "scoring")  # test-only (RLCORE_TEST_STALL)
-            batch, rm = score_step(h.scorer, batch, tokenizer=h.tokenizer, overlong=r.overlong)
+            batch, rm = score_step(h.scorer, batch, tokenizer=h.tokenizer, overlong=r.overlong, judge=h.judge)
         if algorithm.needs_greedy_baseline:
             batch = batch.with_(baseline_rewards=greedy_baseline(h, plan, prompts))
         if round_ == 0:
@@ -137,7 +137,7 @@ def greedy_baseline(h: Handles, plan: StepPlan, prompts: Batch) -> torch.Tensor:
     """ReMax: the reward of each prompt's greedy response, repeated for its n samples.  # (b * n,)"""
     r = plan.rollout
     generated = h.engine.generate(prompts, r.greedy())
-    batch, _ = score_step(h.scorer, generated, tokenizer=h.tokenizer, overlong=r.overlong)
+    batch, _ = score_step(h.scorer, generated, tokenizer=h.tokenizer, overlong=r.overlong, judge=h.judge)
     return batch["token_scores"].sum(-1).repeat_interleave(r.sampling.n)
 
 

@@ -15,6 +15,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from rlcore.data.dataset import PromptDataset
 from rlcore.dist.mesh import DistInfo
 from rlcore.dist.placement import Placement
+from rlcore.rewards.judge import Judge
 from rlcore.rewards.pool import RewardScorer
 from rlcore.rollout.base import RolloutEngine
 from rlcore.trainer.faults import Hooks
@@ -85,6 +86,9 @@ class Handles:
     """The reward scorer (None on a trainer rank of split placement)."""
     engine: RolloutEngine | None
     """The rollout engine (None on a trainer rank of split placement)."""
+    judge: Judge | None = None
+    """The generative judge, with its own engine (None without --reward.judge, and on a trainer rank of
+    split placement)."""
     ref_model: nn.Module | None
     """The frozen reference policy (None without KL, and on a rollout rank)."""
     teacher_model: nn.Module | None = None

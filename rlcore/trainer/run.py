@@ -103,12 +103,14 @@ def run(cfg: Config) -> int:
 
 
 def _close(h: Handles) -> None:
-    """The reward pool, the logger, the engine (vLLM: its processes and groups), the process group."""
+    """The reward pool, the logger, the engines (vLLM: their processes and groups), the process group."""
     if h.scorer is not None:
         h.scorer.close()
     h.logger.close()
     if h.engine is not None:
         h.engine.close()
+    if h.judge is not None:
+        h.judge.engine.close()
     close_distributed()
 
 

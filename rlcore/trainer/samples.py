@@ -66,6 +66,8 @@ def sample_records(batch: Batch, tokenizer: Any, *, step: int) -> list[dict[str,
             "finish_reason": _field(batch, "finish_reason", i),
             "ground_truth": _field(batch, "ground_truth", i),
         }
+        if "judge_verdicts" in batch and batch["judge_verdicts"][i] is not None:  # the judge's words
+            record["judge"] = batch["judge_verdicts"][i]
         if advantages[i] is None:  # validation: no advantages
             del record["advantage"]
         if bool((attended[i] & ~policy[i]).any()):  # observations inside the response

@@ -56,13 +56,16 @@ class Colocated:
     def learning(self, h: Handles) -> Iterator[dict[str, float]]:
         metrics: dict[str, float] = {}
         free = gpu_free_mb()
-        h.engine.sleep()
-        if free is not None:  # CUDA: what the engine's sleep gave back to the device (vLLM's pools too)
+        engines = [h.engine] + ([h.judge.engine] if h.judge is not None else [])  # the judge's sleeps too
+        for engine in engines:
+            engine.sleep()
+        if free is not None:  # CUDA: what the engines' sleep gave back to the device (vLLM's pools too)
             metrics["perf/gpu_sleep_freed_mb"] = gpu_free_mb() - free
         try:
             yield metrics
         finally:
-            h.engine.wake()
+            for engine in engines:
+                engine.wake()
 
     def push(
         self, model: nn.Module | None, h: Handles, plan: StepPlan, *, step: int, version: int
@@ -85,6 +88,7 @@ class Colocated:
             seed=step_seed(plan.seed, step, "val"),
             samples=lambda batch: h.samples.write(step, batch, validation=True),
             teacher=teacher_pass(h, plan),
+            judge=h.judge,
         )
 
     def finish(self, h: Handles) -> None:

@@ -13,19 +13,20 @@ from torch import Tensor
 from rlcore.batch import Batch
 from rlcore.data.dataset import PromptDataset
 from rlcore.pure.distill import reverse_kl_stats
+from rlcore.rewards.judge import Judge
 from rlcore.rewards.pool import RewardScorer
 from rlcore.rewards.step import score_step
 from rlcore.rollout.base import RolloutEngine, SamplingParams
 
 
 def _scores(engine: RolloutEngine, dataset: PromptDataset, scorer: RewardScorer, tokenizer: Any, sampling,
-            see: Callable[[int, Batch], None] | None = None):  # fmt: skip
+            see: Callable[[int, Batch], None] | None = None, judge: Judge | None = None):  # fmt: skip
     """(data_source, uid, score) for every generated sample of the validation set; `see` sees each
     scored batch with its index."""
     out = []
     for j, prompts in enumerate(dataset.iter_batches(256)):
         batch = engine.generate(prompts, sampling)
-        batch, _ = score_step(scorer, batch, tokenizer=tokenizer)
+        batch, _ = score_step(scorer, batch, tokenizer=tokenizer, judge=judge)
         if see is not None:
             see(j, batch)
         scores = batch["token_scores"].sum(-1).tolist()
@@ -44,6 +45,7 @@ def validate_policy(
     seed: int,
     samples: Callable[[Batch], None] | None = None,
     teacher: Callable[[Batch], Tensor] | None = None,
+    judge: Judge | None = None,
 ) -> dict[str, float]:
     """`val/reward_mean` (greedy), `val/pass@k` (best of k samples at temperature 1), per data_source too;
     `samples` sees the first scored batch of greedy samples (what val_samples.jsonl shows). `teacher`
@@ -58,6 +60,7 @@ def validate_policy(
         tokenizer,
         SamplingParams(n=1, max_tokens=max_tokens, temperature=0.0),
         first,
+        judge,
     )
     by_source: dict[str, list[float]] = defaultdict(list)
     for source, _, score in greedy:
@@ -70,7 +73,7 @@ def validate_policy(
         best: dict[str, float] = {}
         tokens: list[tuple[Tensor, Tensor]] = []  # (student, teacher) log-probs of the response tokens
         see = (lambda _, batch: tokens.append(_response_logprobs(batch, teacher))) if teacher else None
-        for _, uid, score in _scores(engine, dataset, scorer, tokenizer, sampling, see):
+        for _, uid, score in _scores(engine, dataset, scorer, tokenizer, sampling, see, judge):
             best[uid] = max(best.get(uid, -torch.inf), score)
         metrics["val/pass@k"] = sum(best.values()) / len(best)
         if tokens:

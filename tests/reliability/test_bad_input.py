@@ -43,6 +43,8 @@ _RESET = "    def reset(self, *, seed=None, options=None):\n        return '', {
 _STEP = "    def step(self, action):\n        return '', 0.0, True, False, {}\n"
 FILES = {
     "empty.jsonl": "",
+    "judge_no_prompt.txt": "grade {response}\n",
+    "judge_unknown_field.txt": "{prompt} {response} {answer}\n",
     "bad_json.jsonl": _rows(GOOD) + "{oops\n",
     "no_source.jsonl": _rows({k: v for k, v in GOOD.items() if k != "data_source"}),
     "int_source.jsonl": _rows(GOOD | {"data_source": 3}),
@@ -239,6 +241,17 @@ CASES = [  # (case, flags, the error line after "error: ")
      "or give --algo.teacher"),
     ("teacher weight 0", ["--algo.teacher", "builtin:tiny", "--algo.teacher-coef", "0"],
      "--algo.teacher-coef 0.0: must be > 0"),
+    ("judge path is a file", ["--reward.judge", "{d}/a_file"],
+     "--reward.judge: model path '{d}/a_file' is not a directory; expected a local Hugging Face model directory "
+     "or a hub id such as Qwen/Qwen2.5-0.5B-Instruct (or builtin:<name>, name in …"),
+    ("judge template without the prompt", ["--reward.judge", "builtin:tiny", "--reward.judge-template",
+     "{d}/judge_no_prompt.txt"], "--reward.judge-template {d}/judge_no_prompt.txt: no {{prompt}} field; a judge "
+     "template shows the judge the {{prompt}} and the {{response}} (and optionally the {{ground_truth}})"),
+    ("judge template with an unknown field", ["--reward.judge", "builtin:tiny", "--reward.judge-template",
+     "{d}/judge_unknown_field.txt"], "--reward.judge-template {d}/judge_unknown_field.txt: unknown field {{answer}}; "
+     "a judge template uses {{prompt}}, {{response}} and {{ground_truth}} (a literal brace is written twice)"),
+    ("unknown judge parser", ["--reward.judge", "builtin:tiny", "--reward.judge-parser", "nope"],
+     "--reward.judge-parser 'nope': choose one of ['boxed', 'score', 'yes_no'] or give path/to/file.py:function"),
     ("output directory is a file", ["--out-dir", "{d}/a_file"],
      "--out-dir {d}/a_file: exists and is not a directory; give a new or an existing run directory"),
 ]  # fmt: skip
@@ -288,7 +301,8 @@ def test_bad_input_exits_2_with_its_one_line(case, flags, line, files, launch, t
 
 def readme_row(case: str, flags: list[str], line: str) -> str:
     shown = " ".join(flags).replace("{d}", "DIR")
-    return f"| {case} | `{shown}` | `error: {line.replace('{d}', 'DIR')}` |"
+    shown_line = line.replace("{d}", "DIR").replace("{{", "{").replace("}}", "}")  # (the line is a format string)
+    return f"| {case} | `{shown}` | `error: {shown_line}` |"
 
 
 def test_the_readme_lists_every_case():

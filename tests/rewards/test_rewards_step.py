@@ -198,7 +198,7 @@ def test_score_step_failures_show_in_metrics(tokenizer, tmp_path):
 
 def test_score_step_needs_something_to_score(tokenizer):
     batch = make_batch(tokenizer, ["1"], sources=["builtin/add"], truths=["1"])
-    with pytest.raises(ValueError, match="needs a rule scorer, a reward model, or both"):
+    with pytest.raises(ValueError, match="needs a rule scorer, a reward model, a judge, or some of them"):
         score_step(None, batch, tokenizer=tokenizer)
 
 
