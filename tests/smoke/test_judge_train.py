@@ -115,3 +115,21 @@ def test_a_vllm_judge_beside_a_vllm_rollout_engine_says_what_the_native_judge_sa
     native, vllm = ([json.loads(line)["judge"] for line in (tmp_path / e / "samples.jsonl").read_text().splitlines()]
                     for e in ("native", "vllm"))  # fmt: skip
     assert len(native) == 32 and vllm == native
+
+
+def test_split_placement_judges_on_the_rollout_rank(tmp_path) -> None:
+    """1 rollout + 1 trainer rank at K = 0 with a judge (builtin:tiny-reverse, sampling, a hook parser):
+    the judge lives with the rollout rank's scorer, and the run equals the colocated one, metric for
+    metric (the judge's too) and bit for bit in the final weights."""
+    from tests.smoke.test_split import assert_same_metrics, assert_same_weights, colocated, split
+    from tests.smoke.test_split import ok as ok_run
+
+    hook = tmp_path / "parse.py"
+    hook.write_text("def first_digit(text):\n    return float(text[0]) / 9 if text[:1].isdigit() else None\n")
+    args = ["--reward.judge", "builtin:tiny-reverse", "--reward.judge-parser", f"{hook}:first_digit",
+            "--reward.judge-temperature", "1", "--trainer.steps", "3", "--trainer.val-every", "0"]  # fmt: skip
+    ok_run(colocated(*args, out=tmp_path / "colocated"))
+    ok_run(split(*args, out=tmp_path / "split"))
+    assert read_metrics(tmp_path / "split" / "metrics.jsonl")[0]["reward/judge_mean"] > 0
+    assert_same_metrics(tmp_path / "colocated", tmp_path / "split")
+    assert_same_weights(tmp_path / "colocated", tmp_path / "split")

@@ -28,6 +28,7 @@ VARIES = (
     "sync/",
     "pipeline/rollout_idle_s",
     "pipeline/trainer_idle_s",
+    "reward/judge_s",  # (a wall time)
     "pipeline/push_wait_s",
 )
 """What differs by design between placements (wall time, memory, bytes pushed, waits)."""
