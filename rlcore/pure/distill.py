@@ -14,10 +14,10 @@ task's advantages (0 of them: pure distillation):
 References: Thinking Machines, "On-Policy Distillation" (2025,
 https://thinkingmachines.ai/blog/on-policy-distillation/); Agarwal et al. 2024, GKD, "On-Policy
 Distillation of Language Models: Learning from Self-Generated Mistakes", arXiv:2306.13649 (its
-reverse-KL case). verl 0.9.1 has no mainline twin: its recipe scores the samples with a reference model
-and the KL loss; slime's `--opd-kl-coef` subtracts the same per-token term from any estimator's
-advantages, as here. The student's log-probs are the trainer's old log-probs (no gradient flows
-through the advantage).
+reverse-KL case). verl's twin is its `distillation.distillation_loss` with `use_policy_gradient=true` and
+`loss_mode=k1` (verl docs, algo/opd: the per-token signal enters the policy-gradient reward); slime's
+`--opd-kl-coef` subtracts the same term from any estimator's advantages, as here. The student's log-probs
+are the trainer's old log-probs (no gradient flows through the advantage).
 """
 
 from __future__ import annotations

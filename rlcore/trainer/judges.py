@@ -31,13 +31,11 @@ def judge_parts(cfg: Config) -> JudgeParts | None:
         return None
     need(r.judge_max_tokens >= 1, f"--reward.judge-max-tokens {r.judge_max_tokens}: must be >= 1")
     need(r.judge_temperature >= 0, f"--reward.judge-temperature {r.judge_temperature}: must be >= 0")
-    from rlcore.models.policy import BUILTIN_PREFIX
+    from rlcore.models.policy import BUILTIN_PREFIX, load_tokenizer
 
     need(r.judge_engine != "vllm" or not r.judge.startswith(BUILTIN_PREFIX),
          f"--reward.judge-engine vllm: {r.judge} is a built-in model, which vLLM cannot read; use "
          "--reward.judge-engine native")  # fmt: skip
-    from rlcore.models.policy import load_tokenizer
-
     try:
         tokenizer = load_tokenizer(r.judge)
     except ValueError as e:

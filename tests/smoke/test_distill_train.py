@@ -79,8 +79,17 @@ def test_split_placement_distills_on_the_trainer_rank(tmp_path) -> None:
     from tests.smoke.test_split import assert_same_metrics, assert_same_weights, colocated, split
     from tests.smoke.test_split import ok as ok_run
 
-    args = [*TEACHER, "--algo.teacher-clip", "5", "--model.path", "builtin:tiny-calc", "--trainer.steps", "3",
-            "--trainer.val-every", "0"]  # (split: the rollout rank validates, without the teacher: no val/teacher/*)
+    args = [
+        *TEACHER,
+        "--algo.teacher-clip",
+        "5",
+        "--model.path",
+        "builtin:tiny-calc",
+        "--trainer.steps",
+        "3",
+        "--trainer.val-every",
+        "0",
+    ]  # (split: the rollout rank validates, without the teacher: no val/teacher/*)
     ok_run(colocated(*args, out=tmp_path / "colocated"))
     ok_run(split(*args, out=tmp_path / "split"))
     assert column(tmp_path / "split", "teacher/reverse_kl")
@@ -104,4 +113,38 @@ def test_two_ranks_shard_the_teacher_and_stay_aligned(tmp_path) -> None:
                     "--trainer.val-every", "2", "--data.builtin-val-size", "8", "--out-dir", str(tmp_path / "other"))  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert all(k > 1.0 for k in column(tmp_path / "other", "teacher/reverse_kl"))
-    assert len(column(tmp_path / "other", "val/teacher/reverse_kl")) == 2  # each rank's sharded teacher scored
+    assert (
+        len(column(tmp_path / "other", "val/teacher/reverse_kl")) == 2
+    )  # each rank's sharded teacher scored
+
+
+def test_the_real_model_teaches_its_pruned_self_and_refuses_another_vocabulary(tmp_path) -> None:
+    """SmolLM2-135M-Instruct (its GGUF file) teaches itself cut to its first 6 of 30 layers (the same
+    tokenizer, saved beside it): one step trains with the 49,152-token vocabulary; a student with another
+    tokenizer (the built-in character one) is refused in one line before any weights load."""
+    from rlcore.models.policy import load_model, load_tokenizer
+    from tests.real_model import smollm2_gguf
+
+    gguf = smollm2_gguf()
+    student = load_model(str(gguf))
+    student.model.layers = student.model.layers[:6]
+    student.config.num_hidden_layers = 6
+    if getattr(student.config, "layer_types", None):
+        student.config.layer_types = student.config.layer_types[:6]
+    student.save_pretrained(tmp_path / "student")
+    load_tokenizer(str(gguf)).save_pretrained(tmp_path / "student")
+    task = ["--data.train-files", "reasoning_gym:chain_sum?max_terms=2&max_digits=1&answer=last",
+            "--data.builtin-train-size", "8", "--data.batch-size", "2", "--rollout.n", "2", "--rollout.max-tokens", "16",
+            "--trainer.steps", "1", "--trainer.val-every", "0", "--log.no-progress", "--optim.lr", "3e-5"]  # fmt: skip
+    ok(train("distill", "--model.path", str(tmp_path / "student"), "--algo.teacher", str(gguf), *task,
+             out=tmp_path / "run", timeout=600))  # fmt: skip
+    first = read_metrics(tmp_path / "run" / "metrics.jsonl")[0]
+    assert first["teacher/reverse_kl"] > 0.1 and first["actor/grad_norm"] > 0
+    proc = train(
+        "distill", "--model.path", "builtin:tiny", "--algo.teacher", str(gguf), *task, out=tmp_path / "bad"
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: --algo.teacher {gguf}: its vocabulary differs"), (
+        lines
+    )
