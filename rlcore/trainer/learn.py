@@ -74,8 +74,10 @@ def learn(
         with amp(), phase("ref_logprobs"), reference(state, h) as ref:
             batch = logprob_step(ref, batch, key="ref_logprobs", **forward)
     if algorithm.distill is not None:  # on-policy distillation: the teacher scores the sampled tokens
+        started = time.perf_counter()
         with amp(), phase("teacher_logprobs"):
             batch = logprob_step(teacher(h), batch, key="teacher_logprobs", **forward)
+        metrics["timing/teacher_s"] = time.perf_counter() - started
     if state.critic is not None:
         with amp(), phase("values"):
             values = compute_values(state.critic.model, batch, micro_batch_size=plan.forward.micro_batch_size,

@@ -45,13 +45,19 @@ def ok(proc: subprocess.CompletedProcess) -> None:
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_every_preset_runs_two_steps(preset, tmp_path):
-    teacher = ["--algo.teacher", "builtin:tiny"] if preset == "distill" else []  # (a teacher unlike the policy)
+    # (distill needs a teacher: one unlike the policy)
+    teacher = ["--algo.teacher", "builtin:tiny"] if preset == "distill" else []
     ok(train(preset, *SMALL, *teacher, "--trainer.steps", "2", "--trainer.val-every", "2", out=tmp_path))
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2]  # validation at 0, then two steps
     required = {"actor/pg_loss", "actor/grad_norm", "timing/step_s", "response/length_mean"}
     if preset == "distill":
-        required |= {"teacher/reverse_kl", "teacher/reverse_kl_max", "teacher/unlikely_frac"}
+        required |= {
+            "teacher/reverse_kl",
+            "teacher/reverse_kl_max",
+            "teacher/unlikely_frac",
+            "timing/teacher_s",
+        }
     if preset == "sft":
         required |= {"sft/nll"}
     else:
