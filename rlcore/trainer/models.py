@@ -159,6 +159,11 @@ def build_teacher(cfg: Config, placement: Any) -> Any:
     except ValueError as e:
         raise ConfigError(f"--algo.teacher: {e}") from None
     model = model.to(placement.local.device).eval().requires_grad_(False)
+    from rlcore.models.moe import router_tap
+
+    tap = router_tap(model)
+    if tap is not None:  # a mixture-of-experts teacher routes by its own router, never the student's routes
+        tap.replays = False
     return shard(model, placement)
 
 

@@ -126,7 +126,9 @@ def test_the_old_per_bucket_sync_breaks_these_cases(engine, policy, restore, mon
     model, tokenizer, _ = policy
     hooks = Hooks.from_env({"RLCORE_TEST_SYNC_PER_BUCKET": "1"})  # what the trainer builds from that variable
     push_weights(model, engine, bucket_bytes=boundaries(model)[case], hooks=hooks)
-    assert not gap_to(engine, model, tokenizer) <= 0.1  # NaN too: the half-loaded layer reads garbage
+    # far past the 1e-5 of a whole push (NaN too): the half-loaded layer reads stale or garbage weights, by
+    # how much depends on what the memory held (measured 0.02 to > 0.1), so the bound is 100x the tolerance
+    assert not gap_to(engine, model, tokenizer) <= 1e-3
 
 
 def test_prefix_cache_and_repack_run_once_per_push(engine, policy, restore, monkeypatch) -> None:
