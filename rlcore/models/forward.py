@@ -45,6 +45,7 @@ from rlcore.dist.fsdp import model_mesh
 from rlcore.dist.reduce import all_reduce_int
 from rlcore.dist.tp import vocab_group, vocab_parallel_entropy, vocab_parallel_logprobs
 from rlcore.dist.ulysses import SequenceLayout, gather_sequence, sp_group
+from rlcore.models.exact import BLOCK, align_prompts, exact_block
 from rlcore.models.moe import router_tap
 from rlcore.models.shared_prompt import choose_plan, pack_plan, prompt_groups, worth_packing
 from rlcore.models.vision import Images, feeding, images_of, placeholder_ids, suppress
@@ -123,12 +124,17 @@ class _Trimmed:
     response_rope: Tensor | None = None  # (m, 3, r) the response's, where it holds images, or None
 
 
-def _trimmed(batch: Batch) -> _Trimmed:
-    """The batch's prompt, response, recorded routes and rotary positions, cut to the columns some row uses."""
+def _trimmed(batch: Batch, *, exact: bool = False) -> _Trimmed:
+    """The batch's prompt, response, recorded routes and rotary positions, cut to the columns some row uses;
+    `exact`: the prompt part left-padded or cut to a multiple of `rlcore.models.exact.BLOCK` columns instead."""
+    if exact:
+        batch = align_prompts(batch)
     attn_p = batch["attention_mask"].long()  # (m, p)
     attn_r = batch["response_attention"].long()  # (m, t)
     prompt_used = attn_p.any(dim=0)  # (p,)
     first = int(torch.argmax(prompt_used.int()).item()) if bool(prompt_used.any()) else attn_p.shape[1] - 1
+    if exact:  # keep whole blocks of prompt columns (`align_prompts` made the width a multiple)
+        first = (first // BLOCK) * BLOCK
     response_used = attn_r.any(dim=0)  # (t,)
     width = int(response_used.nonzero().max().item()) + 1 if bool(response_used.any()) else 0
     routes = None
@@ -203,6 +209,8 @@ def model_inputs(model: nn.Module, batch: Batch, *, share_prompts: bool = True) 
     fit its sliding window (if any), and `shared_prompt.worth_packing` says so; the log-probs are the
     same either way (to rounding).
     """
+    if exact_block(model) is not None:  # exact mode: plain rows in the engine's block layout, never packed
+        return _row_inputs(_trimmed(batch, exact=True))
     hidden = _packable_hidden(model) if share_prompts and sp_group(model) is None else None
     t = _trimmed(batch)
     if t.rope is not None:  # a vision-language model: rows (packing images is not measured yet)

@@ -61,6 +61,7 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, StaticCa
 
 from rlcore.batch import Batch
 from rlcore.data.prompts import pad_token_id
+from rlcore.models.exact import align_prompts, exact_block
 from rlcore.models.forward import ROPE_FIELD, VISION_FIELD, vision_inputs
 from rlcore.models.moe import MOE_FAMILIES, RouterTap, router_tap
 from rlcore.models.vision import Images, feeding, placeholder_ids, suppress
@@ -270,7 +271,8 @@ class NativeEngine:
         routes = _RouteLog(self._tap, prompts, sampling) if self._record else None
         try:
             with torch.no_grad(), routes or contextlib.nullcontext():
-                tokens, logprobs, lengths, reasons = self._decode(prompts, sampling, generator, routes)
+                decoded = align_prompts(prompts) if exact_block(self.model) else prompts
+                tokens, logprobs, lengths, reasons = self._decode(decoded, sampling, generator, routes)
         finally:
             self.model.train(was_training)
         t = int(lengths.max()) if lengths.numel() else 0
@@ -353,7 +355,7 @@ class NativeEngine:
             ids, pos, prompt_mask = (x.repeat_interleave(n, dim=0) for x in (ids, pos, prompt_mask))
             n = 1
         images, rope, after = _vision_prefill(prompts, pos, self.device)
-        if self._lean is not None:
+        if self._lean is not None and exact_block(self.model) is None:  # exact mode: the HF step
             cache = self._new_cache(ids.shape[1])
             logits = self._prefill(ids, prompt_mask, rope, cache, images)
             state = self._lean.start(cache, prompt_mask, after, n, sp.max_tokens)
