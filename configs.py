@@ -121,6 +121,12 @@ class RolloutConfig:
         """Whether the rollout is the agent loop."""
         return self.max_turns > 1 or self.env is not None or self.tools is not None
 
+    exact: bool = False
+    """Bitwise on-policy (rlcore.models.exact): the native engine's sampling log-probs and every trainer
+    forward of a sequence are equal bit for bit, whatever the batch, padding, micro-batching or KV cache
+    (rollout/logprob_diff_max is 0.0, checked every step). Dense Llama-family text models, LoRA, FSDP2,
+    fp32 or --model.dtype bfloat16; the Hugging Face decode step instead of the lean one. With it
+    --algo.bypass drops the old-log-prob pass at no cost in exactness."""
     compile: bool = False
     """native only: torch.compile the lean decode step (Llama-family models; CPU inductor). The first
     rollout compiles for about a minute on 2 cores; the steps after are faster (experiments/README.md,

@@ -11,7 +11,11 @@ samples, up to 48 new tokens, lr 5e-6, no validation, one variant after the othe
 - full: full fine-tuning in fp32;            - lora: `--model.lora-rank 16`;
 - bf16: `--model.compute-dtype bfloat16`;    - vllm: `--rollout.engine vllm`;
 - ckpt: `--model.activation-checkpointing` (memory against time);
-- spin: full with `GOMP_SPINCOUNT=10000` (OpenMP threads spin briefly before they sleep).
+- spin: full with `GOMP_SPINCOUNT=10000` (OpenMP threads spin briefly before they sleep);
+- bypass: `--algo.bypass` (the rollout's log-probs are the old policy's: no old-log-prob pass);
+- exact, exact+bypass: `--rollout.exact` (issue 41, bitwise on-policy), without and with the bypass;
+- bf16w, bf16w+exact, bf16w+exact+bypass: the same with `--model.dtype bfloat16` (bf16 weights: the
+  sampler and the trainer both compute in bf16, where exact mode needs them to).
 Measured per variant, medians over steps 2..S (step 1 is the warm-up): rollout, update, weight-sync and
 step seconds (`timing/*_s` of metrics.jsonl), generated tokens per step, peak resident memory (and GPU
 memory where there is one), the largest rollout-vs-trainer log-prob gap, the mean train reward (all
@@ -59,6 +63,12 @@ VARIANTS = {
     "ckpt": ["--model.activation-checkpointing"],
     "vllm": ["--rollout.engine", "vllm"],
     "spin": [],
+    "bypass": ["--algo.bypass"],
+    "exact": ["--rollout.exact"],
+    "exact+bypass": ["--rollout.exact", "--algo.bypass"],
+    "bf16w": ["--model.dtype", "bfloat16"],
+    "bf16w+exact": ["--model.dtype", "bfloat16", "--rollout.exact"],
+    "bf16w+exact+bypass": ["--model.dtype", "bfloat16", "--rollout.exact", "--algo.bypass"],
 }
 # Environment per variant, on top of train.py's OMP_WAIT_POLICY=PASSIVE (which alone sets libgomp's spin
 # count to 0: every parallel region wakes sleeping threads). GOMP_SPINCOUNT overrides that count.

@@ -26,7 +26,7 @@ from rlcore.models.forward import micro_batches, model_inputs, packed_mask, sequ
 from rlcore.models.policy import load_policy
 from rlcore.models.vision import feeding
 from rlcore.pure.masks import masked_mean, masked_sum, masked_var
-from rlcore.update import ModelState, UpdatePlan, run_updates
+from rlcore.update import NORMS, ModelState, UpdatePlan, run_updates
 
 
 class ValueModel(nn.Module):
@@ -124,7 +124,9 @@ def critic_micro_loss(
     values = response_values(critic, micro, share_prompts=share_prompts)  # (m, r), with grad
     r = values.shape[1]
     mask = micro["response_mask"][:, :r]
-    loss, metrics = value_loss_fn(values, micro["values"][:, :r], micro["returns"][:, :r], mask, **norms)
+    loss, metrics = value_loss_fn(
+        values, micro["values"][:, :r], micro["returns"][:, :r], mask, **{k: norms[k] for k in NORMS}
+    )
     share = (mask != 0).sum() / norms["num_tokens"]
     sums = {
         "critic/vf_loss": loss.detach(),

@@ -204,7 +204,11 @@ def _accumulate(totals: dict[str, Tensor], metrics: dict[str, Tensor]) -> None:
 
 MicroLoss = Callable[[nn.Module, Batch, dict[str, Any]], tuple[Tensor, dict[str, Tensor]]]
 """(model, micro-batch, norms) -> (this micro-batch's share of the mini-batch loss, local metric sums).
-`norms` holds the mini-batch's global `num_tokens`, `num_seqs` (0-dim tensors) and `horizon`."""
+`norms` holds the mini-batch's global `num_tokens`, `num_seqs` (0-dim tensors) and `horizon` (`NORMS`), and
+`fresh`: whether this is the call's first update (the weights the old log-probs are of)."""
+
+NORMS = ("num_tokens", "num_seqs", "horizon")
+"""The keys of `norms` a loss aggregation takes (`rlcore.pure.losses.aggregate`'s normalisers)."""
 
 
 def _grad_norm(model: nn.Module, grad_clip: float) -> Tensor:
@@ -240,9 +244,10 @@ def _grad_norm(model: nn.Module, grad_clip: float) -> Tensor:
 
 def _one_update(
     state: ModelState, mini: Batch, micro_loss: MicroLoss, plan: UpdatePlan, mesh: DeviceMesh | None,
-    horizon: int, prefix: str,
+    horizon: int, prefix: str, fresh: bool = False,
 ) -> tuple[bool, dict[str, Tensor]]:  # fmt: skip
     """Accumulate the mini-batch's gradient over micro-batches and step; (stepped?, metric sums).
+    `fresh`: the call's first update (the weights are still those the batch's old log-probs are of).
 
     The step is skipped on every rank when the loss is non-finite on any rank or the gradient norm is.
     """
@@ -251,7 +256,7 @@ def _one_update(
     kept = mini["response_mask"] != 0  # (b, t)
     counts = all_reduce(torch.stack([kept.sum(), kept.any(dim=-1).sum()]), mesh)  # int64, exact
     num_tokens, num_seqs = counts.to(torch.float32).clamp(min=1.0).unbind()
-    norms = {"num_tokens": num_tokens, "num_seqs": num_seqs, "horizon": horizon}
+    norms = {"num_tokens": num_tokens, "num_seqs": num_seqs, "horizon": horizon, "fresh": fresh}
     pieces = aligned_micro_batches(
         mini, mesh, micro_batch_size=plan.micro_batch_size, max_tokens=plan.max_tokens_per_micro_batch
     )
@@ -305,9 +310,9 @@ def run_updates(
     lr = float("nan")
     consecutive = state.bad_updates
     try:
-        for mini in [m for _ in range(plan.ppo_epochs) for m in minis]:
+        for index, mini in enumerate([m for _ in range(plan.ppo_epochs) for m in minis]):
             lr = state.optimizer.param_groups[0]["lr"]  # the lr this update uses
-            ok, sums = _one_update(state, mini, micro_loss, plan, mesh, horizon, prefix)
+            ok, sums = _one_update(state, mini, micro_loss, plan, mesh, horizon, prefix, fresh=index == 0)
             keys |= sums.keys()
             if not ok:
                 bad, consecutive = bad + 1, consecutive + 1
@@ -352,8 +357,11 @@ def _needed_fields(batch: Batch, algorithm: Algorithm) -> tuple[str, ...]:
     fields = [*SEQUENCE_FIELDS, "advantages"]
     if not algorithm.on_policy:
         fields.append("old_logprobs")
-    if algorithm.tis_cap is not None or (algorithm.on_policy and "rollout_logprobs" in batch):
-        fields.append("rollout_logprobs")  # tis_cap needs it; on-policy, the rollout gap is measured here
+    measured = (algorithm.on_policy or algorithm.bypass) and "rollout_logprobs" in batch
+    if algorithm.tis_cap is not None or measured:
+        fields.append(
+            "rollout_logprobs"
+        )  # tis_cap needs it; on-policy or bypassed, the rollout gap is measured here
     if algorithm.kl_loss_coef > 0:
         fields.append("ref_logprobs")
     if "is_weights" in batch:  # decoupled PPO: the correction step's weights for the behaviour gap
@@ -404,7 +412,7 @@ def actor_micro_loss(
         extra["is_weights"] = micro["is_weights"][:, :r]  # (m, r)
     if generator is not None:  # clip_cov: new token draws every step, the same on a resume
         extra["generator"] = generator
-    agg = norms  # num_tokens, num_seqs, horizon: the aggregation's global normalisers
+    agg = {k: norms[k] for k in NORMS}  # the aggregation's global normalisers
     pg_loss, pg_metrics = algorithm.policy_loss_fn(
         logprob, old, micro["advantages"][:, :r], mask, **extra, **agg
     )
@@ -421,6 +429,9 @@ def actor_micro_loss(
     if algorithm.on_policy and "rollout_logprobs" in micro:  # the engine's log-probs vs these, as logprob_gap
         gap = logprob_gap(micro["rollout_logprobs"][:, :r], old, mask, num_tokens=norms["num_tokens"])
         metrics |= {f"rollout/logprob_diff_{k}": v for k, v in gap.items()}
+    elif algorithm.bypass and norms.get("fresh") and "rollout_logprobs" in micro:  # no old pass measured it:
+        gap = logprob_gap(micro["rollout_logprobs"][:, :r], logprob.detach(), mask)  # the first update's
+        metrics["rollout/logprob_diff_max"] = gap["max"]  # forward does (a max: the later updates add none)
     if tap is not None:  # a mixture of experts: its load-balancing loss and router metrics
         aux, router_metrics = router_terms(tap, trace, inputs.token_kind, inputs.routes)
         if algorithm.router_aux_coef > 0:

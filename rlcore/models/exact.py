@@ -49,7 +49,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from rlcore.batch import Batch
 
-BLOCK = 64
+BLOCK = 16
 """Keys per block of `exact_attention`'s weighted sum (one product of inner size BLOCK each), and the
 multiple a prompt's padded width is rounded to (`aligned_prompt_width`)."""
 

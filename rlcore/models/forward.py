@@ -45,9 +45,9 @@ from rlcore.dist.fsdp import model_mesh
 from rlcore.dist.reduce import all_reduce_int
 from rlcore.dist.tp import vocab_group, vocab_parallel_entropy, vocab_parallel_logprobs
 from rlcore.dist.ulysses import SequenceLayout, gather_sequence, sp_group
-from rlcore.models.exact import BLOCK, align_prompts, exact_block
+from rlcore.models.exact import BLOCK, EXACT_ATTENTION, align_prompts, exact_block
 from rlcore.models.moe import router_tap
-from rlcore.models.shared_prompt import choose_plan, pack_plan, prompt_groups, worth_packing
+from rlcore.models.shared_prompt import aligned, choose_plan, pack_plan, prompt_groups, worth_packing
 from rlcore.models.vision import Images, feeding, images_of, placeholder_ids, suppress
 from rlcore.pure.logprobs import token_logprobs
 from rlcore.pure.losses import entropy as _entropy
@@ -188,7 +188,7 @@ def _row_routes(routes: tuple[Tensor, Tensor] | None) -> Tensor | None:
 def _packable_hidden(model: nn.Module) -> int | None:
     """The hidden size when `model` takes a custom 4D mask (sdpa or eager attention), else None."""
     config = getattr(model, "config", None)
-    if getattr(config, "_attn_implementation", None) not in ("sdpa", "eager"):
+    if getattr(config, "_attn_implementation", None) not in ("sdpa", "eager", EXACT_ATTENTION):
         return None
     return getattr(config, "hidden_size", None)
 
@@ -209,10 +209,9 @@ def model_inputs(model: nn.Module, batch: Batch, *, share_prompts: bool = True) 
     fit its sliding window (if any), and `shared_prompt.worth_packing` says so; the log-probs are the
     same either way (to rounding).
     """
-    if exact_block(model) is not None:  # exact mode: plain rows in the engine's block layout, never packed
-        return _row_inputs(_trimmed(batch, exact=True))
+    align = exact_block(model) or 1  # exact mode: every prompt ends, every response starts, on a block
     hidden = _packable_hidden(model) if share_prompts and sp_group(model) is None else None
-    t = _trimmed(batch)
+    t = _trimmed(batch, exact=align > 1)
     if t.rope is not None:  # a vision-language model: rows (packing images is not measured yet)
         return _row_inputs(t, vision_inputs(batch))
     ids_p, attn_p, attn_r = t.ids_p, t.attn_p, t.attn_r
@@ -220,22 +219,23 @@ def model_inputs(model: nn.Module, batch: Batch, *, share_prompts: bool = True) 
     if hidden is not None and len(batch) > 1 and left_padded:
         group = prompt_groups(ids_p, attn_p)
         if int(group.max()) + 1 < len(batch):
-            prompt_len = attn_p.sum(dim=1).tolist()
-            plan, width = choose_plan(prompt_len, attn_r.sum(dim=1).tolist(), group.tolist(), hidden)
+            prompt_len = [aligned(n, align) for n in attn_p.sum(dim=1).tolist()]
+            response_len = [aligned(n, align) for n in attn_r.sum(dim=1).tolist()]
+            plan, width = choose_plan(prompt_len, response_len, group.tolist(), hidden)
             row_width = ids_p.shape[1] + attn_r.shape[1]
             if width <= _window(model) and worth_packing(len(batch), row_width, len(plan), width, hidden):
-                return _packed_inputs(t, plan, width)
+                return _packed_inputs(t, plan, width, align)
     return _row_inputs(t)
 
 
-def _packed_inputs(t: _Trimmed, plan: list, width: int) -> ModelInputs:
+def _packed_inputs(t: _Trimmed, plan: list, width: int, align: int = 1) -> ModelInputs:
     """The prompt-packed inputs of `plan` (`shared_prompt.pack_plan`). Each packed column's source,
     a flat index into the row layout [prompt | response], is packed as if it were a token id (+ 1:
     padding packs as 0), so the tokens, their kinds and their routes follow the same layout."""
     ids_p, attn_p, responses, attn_r, routes = t.ids_p, t.attn_p, t.responses, t.attn_r, t.routes
     m, p = ids_p.shape
     index = torch.arange(1, m * (p + responses.shape[1]) + 1, device=ids_p.device).view(m, -1)
-    source, allowed, pos, gather = pack_plan(index[:, :p], attn_p, index[:, p:], attn_r, plan, width)
+    source, allowed, pos, gather = pack_plan(index[:, :p], attn_p, index[:, p:], attn_r, plan, width, align)
     source = source - 1  # (G, L): -1 at padding
     real, at = source >= 0, source.clamp(min=0)
     ids = torch.where(real, torch.cat([ids_p, responses], dim=1).reshape(-1)[at], 0)

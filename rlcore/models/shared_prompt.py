@@ -44,6 +44,11 @@ Block = tuple[int, list[int]]
 """(group, the batch rows whose responses follow that group's prompt copy in one packed row)."""
 
 
+def aligned(length: int, align: int) -> int:
+    """`length` rounded up to a multiple of `align`: a segment's columns in an aligned packed row."""
+    return -(-length // align) * align
+
+
 def plan_rows(
     prompt_len: list[int], resp_len: list[int], group: list[int], capacity: int
 ) -> list[list[Block]]:
@@ -106,9 +111,13 @@ def pack_plan(
     response_attention: Tensor,
     plan: list[list[Block]],
     width: int,
+    align: int = 1,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Lay out `plan`'s packed rows: each block is [its group's prompt | its rows' responses], blocks
-    side by side, rows right-padded to `width`.
+    side by side, rows right-padded to `width`. With `align` > 1 (exact mode, `rlcore.models.exact`) every
+    prompt ends and every response starts on a multiple of `align` columns (padding before a prompt and after
+    a response): each sequence's keys then fall into the same blocks of `align` as in its own row
+    (`plan` and `width` from lengths rounded up likewise, `aligned`).
 
     Arguments: left-padded prompts (m, p) with their attention (the real tokens contiguous at the
     right), right-padded responses (m, r) with theirs (the attended tokens, in order, are the
@@ -130,12 +139,13 @@ def pack_plan(
     for packed, row in enumerate(plan):
         col = 0
         for _, members in row:
+            col += aligned(lengths[members[0]], align) - lengths[members[0]]  # the prompt ends on a multiple
             blocks.append((packed, col, members[0]))
             col += lengths[members[0]]
             end = col - 1  # the prompt's last token: predicts each member's first response token
             for i in members:
                 rows_at[i] = (packed, col, end)
-                col += rlen[i]
+                col += aligned(rlen[i], align)
     b_row, b_col, b_rep = torch.tensor(blocks, dtype=torch.long, device=device).unbind(1)
     r_row, r_col, r_end = torch.tensor(rows_at, dtype=torch.long, device=device).unbind(1)
     b_len = plen[b_rep]  # (B,)

