@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlcore.state import Health
-from rlcore.trainer.health import NO_SIGNAL_STEPS, check_health
+from rlcore.trainer.health import NO_SIGNAL_STEPS, ExactnessLost, check_exact, check_health
 
 KW = {"engine": "native", "dtype": "float32", "max_tokens": 16}
 OK = {"train/equal_reward_group_frac": 0.5, "actor/entropy": 1.0, "rollout/logprob_diff_max": 1e-6,
@@ -55,6 +55,16 @@ def test_the_gap_warns_on_fresh_batches_only_and_the_bound_follows_the_dtype():
     assert lines == [] and "health/logprob_gap_high" not in checked
     _, checked, lines = check_health(Health(), high, step=1, **KW | {"dtype": "bfloat16"})
     assert lines == [] and checked["health/logprob_gap_high"] == 0.0
+
+
+def test_exact_mode_stops_at_any_gap_but_not_on_a_lagged_batch():
+    """--rollout.exact: a gap of one ulp stops the run in one line; 0.0, an unmeasured step and a batch an
+    older policy generated (lag mode) pass."""
+    with pytest.raises(ExactnessLost, match=r"^step 3: --rollout.exact, yet .* by up to 1.19e-07 "):
+        check_exact({"rollout/logprob_diff_max": 2.0**-23}, step=3)
+    check_exact({"rollout/logprob_diff_max": 0.0}, step=1)
+    check_exact({}, step=1)
+    check_exact({"rollout/logprob_diff_max": 0.5, "pipeline/staleness_max": 1.0}, step=1)
 
 
 def test_pinned_lengths_warn_with_the_flag_to_raise():

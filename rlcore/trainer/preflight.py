@@ -224,9 +224,9 @@ def _check_exact(cfg: Config) -> None:
          "step, which it does not compile; drop one")  # fmt: skip
     need(not r.multi_turn, "--rollout.exact with the agent loop (--rollout.max-turns / env / tools): each "
          "turn is prefilled in its own layout, which is not the trainer's yet; use single-turn rollouts")  # fmt: skip
-    need(m.compute_dtype == m.dtype, f"--rollout.exact with --model.compute-dtype {m.compute_dtype} over "
-         f"--model.dtype {m.dtype}: the sampler runs the weights' dtype, so both must compute in it; use "
-         f"--model.dtype {m.compute_dtype}")  # fmt: skip
+    need(m.compute_dtype == "float32" or m.dtype == m.compute_dtype, f"--rollout.exact with --model.compute-dtype "
+         f"{m.compute_dtype} over --model.dtype {m.dtype}: the trainer would autocast and the sampler not; load the "
+         f"weights in it instead (--model.dtype {m.compute_dtype})")  # fmt: skip
 
 
 def _check_rollout(cfg: Config) -> None:

