@@ -44,10 +44,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
 
 from rlcore.batch import Batch
+from rlcore.models.onednn import can_pack, pack, packed_linear
 
 BLOCK = 16
 """Keys per block of `exact_attention`'s weighted sum (one product of inner size BLOCK each), and the
@@ -91,12 +94,66 @@ def _pad_rows(x: Tensor, dim: int) -> Tensor:
     return torch.cat([x, x.new_zeros(shape)], dim=dim)
 
 
+_PACKS = WeakIdKeyDictionary()
+"""weight -> (its version, its oneDNN-packed copy made at that version) (an optimizer step or a
+load bumps the version, and the next product repacks)."""
+
+
+def _packed(weight: Tensor) -> Tensor | None:
+    """`weight`'s packed copy (made once per version), or None where oneDNN cannot pack it."""
+    if not can_pack(weight):
+        return None
+    hit = _PACKS.get(weight)
+    if hit is None or hit[0] != weight._version:
+        hit = (weight._version, pack(weight))
+        _PACKS[weight] = hit
+    return hit[1]
+
+
+def product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x W^T + b, (..., K) -> (..., N): exact mode's one product, for the trainer's forward and the engine's
+    step alike. The rows (all leading dimensions) are padded with zeros to at least MIN_ROWS, and the
+    weight is multiplied in oneDNN's packed layout where it packs (`rlcore.models.onednn`: a row's result
+    then depends on that row alone, from 2 rows up, and it is faster than MKL's sgemm at every row count
+    measured), else by `F.linear`."""
+    rows = x.reshape(-1, x.shape[-1])
+    m = rows.shape[0]
+    if m < MIN_ROWS:
+        rows = _pad_rows(rows, 0)
+    packed = _packed(weight)
+    out = (
+        packed_linear(rows.contiguous(), packed, bias) if packed is not None else F.linear(rows, weight, bias)
+    )
+    return out[:m].reshape(*x.shape[:-1], out.shape[-1])
+
+
+def silu(x: Tensor) -> Tensor:
+    """x / (1 + e^-x), in float32: the same bits wherever an element sits in its tensor (`aten.silu`'s
+    vectorised and scalar paths differ by an ulp)."""
+    z = x.float()
+    return (z / (1 + torch.exp(-z))).to(x.dtype)
+
+
+def _weight_of(b: Tensor) -> Tensor | None:
+    """The (N, K) weight whose transpose `b` (K, N) is (how `F.linear` hands a weight to `mm`), or None."""
+    base = b._base
+    if base is None or base.dim() != 2 or not base.is_contiguous() or b.shape != base.shape[::-1]:
+        return None
+    return base if b.stride() == (1, base.stride(0)) and b.data_ptr() == base.data_ptr() else None
+
+
 def _mm(func: Any, a: Tensor, b: Tensor) -> Tensor:
+    weight = _weight_of(b)
+    if weight is not None:
+        return product(a, weight)
     m = a.shape[0]
     return func(_pad_rows(a, 0), b)[:m] if m < MIN_ROWS else func(a, b)
 
 
 def _addmm(func: Any, bias: Tensor, a: Tensor, b: Tensor, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
+    weight = _weight_of(b)
+    if weight is not None and bias.dim() == 1 and beta == 1 and alpha == 1:
+        return product(a, weight, bias)
     m = a.shape[0]
     if m >= MIN_ROWS:
         return func(bias, a, b, beta=beta, alpha=alpha)
@@ -110,9 +167,14 @@ def _bmm(func: Any, a: Tensor, b: Tensor) -> Tensor:
     return func(_pad_rows(a, 1), b)[:, :m] if m < MIN_ROWS else func(a, b)
 
 
+def _matmul(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b (batched) with a's rows (dim -2) padded to at least MIN_ROWS."""
+    m = a.shape[-2]
+    return (_pad_rows(a, -2) @ b)[..., :m, :] if m < MIN_ROWS else a @ b
+
+
 def _silu(func: Any, x: Tensor) -> Tensor:
-    z = x.float()
-    return (z / (1 + torch.exp(-z))).to(x.dtype)
+    return silu(x)
 
 
 _HANDLERS = {
@@ -153,33 +215,45 @@ def exact_attention(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[Tensor, None]:
-    """Attention with a fixed reduction order (see the module docstring), as transformers calls it.
+    """`attend` as transformers calls an attention function: query (b, h, q, d), key and value
+    (b, kvh, L, d), a bool mask (b, 1, q, L) or None (plain causal) -> ((b, q, h, d), None)."""
+    q_len, d = query.shape[2:]
+    allowed = _allowed(attention_mask, q_len, key.shape[2], query.device)
+    out = attend(query, key, value, allowed, d**-0.5 if scaling is None else scaling)  # (b, h, q, d)
+    return out.transpose(1, 2).contiguous(), None
 
-    query (b, h, q, d), key and value (b, kvh, L, d) -> ((b, q, h, d) in the query's dtype, None).
-    Computed in float32; query heads grouped over their kv head (GQA) without repeating the keys."""
+
+def attend(query: Tensor, key: Tensor, value: Tensor, allowed: Tensor, scale: float) -> Tensor:
+    """Attention with a fixed reduction order (see the module docstring): (b, h, q, d) in the query's dtype.
+
+    query (b, h, q, d), key and value (b, kvh, L, d) (views of a cache are read in place), allowed
+    (b or 1, 1, q, L) bool. Computed in float32; query heads grouped over their kv head (GQA) without
+    repeating the keys. Each block of BLOCK keys is one product of inner size BLOCK (the last one padded
+    with zeros), its weights' sum one sum of BLOCK terms; the blocks are folded in order by `cumsum`."""
     b, h, q_len, d = query.shape
     kvh, kv_len = key.shape[1], key.shape[2]
-    g, blocks = h // kvh, -(-kv_len // BLOCK)
-    width = blocks * BLOCK
-    scale = d**-0.5 if scaling is None else scaling
-    allowed = _allowed(attention_mask, q_len, kv_len, query.device)  # (b, 1, q, L)
-    allowed = nn.functional.pad(allowed, (0, width - kv_len))  # (b, 1, q, width): padding keys are off
-    k = nn.functional.pad(key.float(), (0, 0, 0, width - kv_len))  # (b, kvh, width, d)
-    v = nn.functional.pad(value.float(), (0, 0, 0, width - kv_len))
+    g, full = h // kvh, kv_len // BLOCK * BLOCK
+    blocks = -(-kv_len // BLOCK)
     q = query.float().reshape(b, kvh, g * q_len, d)  # (b, kvh, g q, d): a kv head's query heads
-    scores = (q @ k.transpose(-1, -2)).view(b, kvh, g, q_len, width) * scale
+    scores = _matmul(q, key.float().transpose(-1, -2)).view(b, kvh, g, q_len, kv_len) * scale
     scores = scores.masked_fill(~allowed[:, :, None], float("-inf"))
     top = scores.amax(dim=-1, keepdim=True)  # exact in any order
     top = torch.where(torch.isfinite(top), top, 0.0)  # a query that sees nothing gets weights 0
-    weights = torch.exp(scores - top).view(b, kvh, g * q_len, blocks, BLOCK).transpose(2, 3)
-    ones = v.new_ones((b, kvh, width, 1))
-    values = torch.cat([v, ones], dim=-1).view(b, kvh, blocks, BLOCK, d + 1)  # the normaliser rides along
-    parts = weights @ values  # (b, kvh, blocks, g q, d + 1): one product per block, inner size BLOCK
-    total = parts.cumsum(dim=2)[:, :, -1]  # blocks folded in order
-    norm = total[..., d:]
-    out = torch.where(norm > 0, total[..., :d] / torch.where(norm > 0, norm, 1.0), 0.0)
-    out = out.view(b, kvh, g, q_len, d).reshape(b, h, q_len, d).transpose(1, 2)
-    return out.to(query.dtype).contiguous(), None
+    weights = nn.functional.pad(torch.exp(scores - top), (0, blocks * BLOCK - kv_len))  # (.., blocks * BLOCK)
+    weights = weights.view(b, kvh, g * q_len, blocks, BLOCK)
+    values = value.float()
+    parts = [
+        _matmul(
+            weights[:, :, :, : full // BLOCK].transpose(2, 3), values[:, :, :full].unflatten(2, (-1, BLOCK))
+        )
+    ]
+    if full < kv_len:  # the last, partial block: its values padded with zero rows
+        tail = nn.functional.pad(values[:, :, full:], (0, 0, 0, BLOCK - (kv_len - full)))
+        parts.append(_matmul(weights[:, :, :, -1:].transpose(2, 3), tail[:, :, None]))
+    total = torch.cat(parts, dim=2).cumsum(dim=2)[:, :, -1]  # (b, kvh, g q, d): blocks folded in order
+    norm = weights.sum(dim=-1).cumsum(dim=-1)[..., -1:]  # (b, kvh, g q, 1): the same blocks' sums
+    out = torch.where(norm > 0, total / torch.where(norm > 0, norm, 1.0), 0.0)
+    return out.view(b, kvh, g, q_len, d).reshape(b, h, q_len, d).to(query.dtype)
 
 
 def _register() -> None:
@@ -188,6 +262,38 @@ def _register() -> None:
 
     AttentionInterface.register(EXACT_ATTENTION, exact_attention)
     AttentionMaskInterface.register(EXACT_ATTENTION, sdpa_mask)
+
+
+ROPE_CHUNK = 256
+"""Positions per piece of `RotaryTable`: each piece's cos and sin are computed alone, in one shape."""
+
+
+class RotaryTable:
+    """A rotary embedding's cos and sin looked up by position, from a table built ROPE_CHUNK positions at a
+    time by the module's own forward (float32), so that a position's values are the same bits whatever
+    else a forward holds (`cos`/`sin` take another path for the elements that end a vectorised run, and
+    where those fall depends on the tensor's size). Replaces the module's forward (`make_exact`), so the
+    trainer's forward and the lean step's table (`rlcore.rollout.lean`) read the same values."""
+
+    def __init__(self, rotary: nn.Module) -> None:
+        self.compute = rotary.forward  # the original, bound
+        self.cos: Tensor | None = None  # (positions, d) float32
+        self.sin: Tensor | None = None
+
+    def __call__(self, x: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
+        need = int(position_ids.max()) + 1 if position_ids.numel() else 0
+        while self.cos is None or self.cos.shape[0] < need:
+            start = 0 if self.cos is None else self.cos.shape[0]
+            piece = torch.arange(start, start + ROPE_CHUNK, device=x.device)[None]
+            cos, sin = self.compute(x.new_zeros((), dtype=torch.float32), piece)
+            self.cos = cos[0] if self.cos is None else torch.cat([self.cos, cos[0]])
+            self.sin = sin[0] if self.sin is None else torch.cat([self.sin, sin[0]])
+        return self.cos[position_ids].to(x.dtype), self.sin[position_ids].to(x.dtype)
+
+
+def _rotary(model: nn.Module) -> nn.Module | None:
+    base = getattr(model, "model", None)
+    return getattr(base, "rotary_emb", None)
 
 
 def why_not_exact(model: nn.Module) -> str | None:
@@ -202,6 +308,8 @@ def why_not_exact(model: nn.Module) -> str | None:
         return "a mixture of experts is not covered yet"
     if placeholder_ids(model):
         return "a vision-language model is not covered yet"
+    if _rotary(model) is None:
+        return f"{type(model).__name__} has no .model.rotary_emb (a <Type>ForCausalLM with rotary positions)"
     return None
 
 
@@ -215,6 +323,8 @@ def make_exact(model: nn.Module) -> nn.Module:
         return model
     _register()
     model.set_attn_implementation(EXACT_ATTENTION)
+    rotary = _rotary(model)
+    rotary.forward = RotaryTable(rotary)
     mode = ExactKernels()
 
     def enter(*_: Any) -> None:

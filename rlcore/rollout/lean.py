@@ -49,7 +49,6 @@ decode step".
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 from collections.abc import Callable
 from typing import Any
@@ -58,6 +57,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from rlcore.models import exact
+from rlcore.models.onednn import can_pack, pack, packed_linear
 from rlcore.rollout.lean_moe import PackedExperts, as_layer_slot, experts_mlp
 
 LEAN_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "qwen2_moe", "qwen3_moe", "mixtral"})
@@ -79,6 +80,9 @@ class LeanShape:
     qk_eps: float | None
     """Epsilon of Qwen3's per-head q/k RMSNorm; None when the model has none."""
     act: Callable[[Tensor], Tensor]
+    exact: bool = False
+    """Exact mode (`rlcore.models.exact`): its products (`exact.product`) and SiLU, the Hugging Face
+    RMSNorm's arithmetic, and `exact.attend` over the cache with the new key written into it first."""
 
     @property
     def qkv_widths(self) -> tuple[int, int, int]:
@@ -223,6 +227,7 @@ def _shape(model: torch.nn.Module) -> LeanShape:
     dense = [layer.mlp for layer in model.model.layers if _sparse_block(layer) is None]
     act = dense[0].act_fn if dense else torch.nn.SiLU()  # (no dense MLP: unused)
     q_norm = getattr(attn, "q_norm", None)
+    is_exact = exact.exact_block(model) is not None
     return LeanShape(
         heads=config.num_attention_heads,
         kv_heads=config.num_key_value_heads,
@@ -230,8 +235,17 @@ def _shape(model: torch.nn.Module) -> LeanShape:
         scaling=float(attn.scaling),
         eps=float(config.rms_norm_eps),
         qk_eps=None if q_norm is None else float(q_norm.variance_epsilon),
-        act=F.silu if isinstance(act, torch.nn.SiLU) else act,
+        act=_activation(act, exact_mode=is_exact),
+        exact=is_exact,
     )
+
+
+def _activation(act: Callable[[Tensor], Tensor], *, exact_mode: bool) -> Callable[[Tensor], Tensor]:
+    """The MLP's activation as a function: SiLU (torch's or transformers' module) as `F.silu`, or in exact
+    mode as `exact.silu` (what the trainer's forward runs); another activation as its module."""
+    if isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation":
+        return exact.silu if exact_mode else F.silu
+    return act
 
 
 def _get(module: torch.nn.Module, path: str) -> Any:
@@ -278,20 +292,21 @@ def lean_step(
 
     tokens (a,) long: the token fed to each row; rope (a, 2, head_dim): cos and sin at each row's
     position; bias (a, L): 0 or -inf over the L cached positions (prompt padding); kv (layers, 2, a,
-    kv_heads, L, head_dim): the cache. Pure: nothing is written.
+    kv_heads, L, head_dim): the cache. Pure: nothing is written (exact mode: L includes the new
+    position, which each layer writes before it attends).
     """
-    a, width = tokens.shape[0], embed.shape[1]
+    a, prod = tokens.shape[0], _product_of(shape)
     x = F.embedding(tokens, embed)  # (a, width)
     cos, sin = rope[:, None, 0], rope[:, None, 1]  # (a, 1, d)
     news = []
     for i, layer in enumerate(layers):
         n1, wq, bq, wk, bk, wv, bv, qn, kn, wo, bo, n2, wg, bg, wu, bu, wd, bd = layer[: len(_LAYER_FIELDS)]
         lq, lk, lv, lo, lg, lu, ld, sparse = layer[len(_LAYER_FIELDS) :]
-        h = F.rms_norm(x, (width,), n1, shape.eps)
+        h = _norm(shape, x, n1)
         if wk is None:  # q, k and v fused into one weight (pack_weights)
-            q, k, v = _linear(h, wq, bq, lq).split(shape.qkv_widths, dim=-1)
+            q, k, v = _linear(h, wq, bq, lq, prod).split(shape.qkv_widths, dim=-1)
         else:
-            q, k, v = _linear(h, wq, bq, lq), _linear(h, wk, bk, lk), _linear(h, wv, bv, lv)
+            q, k, v = _linear(h, wq, bq, lq, prod), _linear(h, wk, bk, lk, prod), _linear(h, wv, bv, lv, prod)
         q = q.view(a, shape.heads, shape.head_dim)
         k, v = (t.view(a, shape.kv_heads, shape.head_dim) for t in (k, v))
         if qn is not None and kn is not None and shape.qk_eps is not None:
@@ -300,8 +315,9 @@ def lean_step(
         qk = torch.cat((q, k), dim=1)  # (a, heads + kv_heads, d)
         qk = qk * cos + _rotate_half(qk) * sin
         q, k = qk[:, : shape.heads], qk[:, shape.heads :]
-        x = x + _linear(_attend(shape, q, k, v, kv[i, 0], kv[i, 1], bias), wo, bo, lo)
-        h = F.rms_norm(x, (width,), n2, shape.eps)
+        attend = _attend_exact if shape.exact else _attend
+        x = x + _linear(attend(shape, q, k, v, kv[i, 0], kv[i, 1], bias), wo, bo, lo, prod)
+        h = _norm(shape, x, n2)
         if isinstance(sparse, PackedExperts):  # a MoE layer: its router module, packed experts
             x = x + experts_mlp(sparse, h, _product)
         elif sparse is not None:  # a MoE layer: its own sparse block, on (a, 1, width)
@@ -309,19 +325,40 @@ def lean_step(
         else:
             x = x + _dense_mlp(shape, h, wg, bg, wu, bu, wd, bd, (lg, lu, ld))
         news.append(torch.stack((k, v)))  # (2, a, kv_heads, d)
-    x = F.rms_norm(x, (width,), norm, shape.eps)
-    return _product(x, head, None), torch.stack(news)
+    x = _norm(shape, x, norm)
+    return prod(x, head, None), torch.stack(news)
+
+
+def _norm(shape: LeanShape, x: Tensor, weight: Tensor) -> Tensor:
+    """RMSNorm over the last dimension: fused, or exact mode's Hugging Face arithmetic (float32, then the
+    weight times the normalised input cast back)."""
+    if not shape.exact:
+        return F.rms_norm(x, (x.shape[-1],), weight, shape.eps)
+    z = x.float()
+    z = z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + shape.eps)
+    return weight * z.to(x.dtype)
+
+
+def _attend_exact(
+    shape: LeanShape, q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Tensor, bias: Tensor
+) -> Tensor:
+    """`exact.attend` of one query per row over the cache, whose last position (L - 1) receives the new
+    token's key and value first: the one attention the trainer's forward runs. (a, heads * d)."""
+    keys[:, :, -1], values[:, :, -1] = k, v
+    out = exact.attend(q[:, :, None], keys, values, (bias == 0)[:, None, None], shape.scaling)
+    return out.reshape(q.shape[0], -1)
 
 
 def _dense_mlp(shape: LeanShape, h: Tensor, wg: Tensor, bg: Any, wu: Any, bu: Any, wd: Tensor, bd: Any,
                loras: tuple[Any, Any, Any]) -> Tensor:  # fmt: skip
     """down(act(gate h) * up h); gate and up fused into one weight when `wu` is None (pack_weights)."""
     lg, lu, ld = loras
+    prod = _product_of(shape)
     if wu is None:
-        gate, up = _linear(h, wg, bg, lg).chunk(2, dim=-1)
+        gate, up = _linear(h, wg, bg, lg, prod).chunk(2, dim=-1)
     else:
-        gate, up = _linear(h, wg, bg, lg), _linear(h, wu, bu, lu)
-    return _linear(shape.act(gate) * up, wd, bd, ld)
+        gate, up = _linear(h, wg, bg, lg, prod), _linear(h, wu, bu, lu, prod)
+    return _linear(shape.act(gate) * up, wd, bd, ld, prod)
 
 
 def _product(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
@@ -336,7 +373,7 @@ def _product(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
     a = x.shape[0]
     extra = row_bucket(a) - a
     padded = F.pad(x, (0, 0, 0, extra)) if extra else x
-    return torch.ops.mkldnn._linear_pointwise(padded, w, b, "none", [], "")[:a]
+    return packed_linear(padded, w, b)[:a]
 
 
 def row_bucket(rows: int) -> int:
@@ -353,39 +390,19 @@ def row_bucket(rows: int) -> int:
 _PACKED_FIELDS = frozenset(i for i, f in enumerate(_LAYER_FIELDS) if f.endswith("_proj.weight"))
 
 
-def can_pack(weight: Tensor) -> bool:
-    """Whether `pack_weights` applies: a CPU weight in float32, or in bfloat16 where oneDNN has bf16
-    kernels for this CPU (AVX-512 BW/VL/DQ or AVX-NE-CONVERT; an AVX2-only CPU has none and samples
-    with the plain products), and a oneDNN build."""
-    return (
-        weight.device.type == "cpu"
-        and torch.backends.mkldnn.is_available()
-        and (weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and _bf16_kernels()))
-    )
-
-
-@functools.cache
-def _bf16_kernels() -> bool:
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-
-
 def pack_weights(layers: tuple[Layer, ...], head: Tensor) -> tuple[tuple[Layer, ...], Tensor]:
     """Copies of the projection weights and the head in oneDNN's layout for `_product` (norms and LoRA
     factors stay as they are; a MoE layer's experts are packed per expert, `rlcore.rollout.lean_moe`).
     Without adapters on them, q, k and v become one weight in q's place, and gate and up one in gate's
     (k, v and up None): 4 products per layer instead of 7, on the same input."""
-    pack = torch.ops.mkldnn._reorder_linear_weight
     packed = tuple(
         (
-            *(
-                pack(t.detach(), None) if i in _PACKED_FIELDS and t is not None else t
-                for i, t in enumerate(layer[:-1])
-            ),
-            as_layer_slot(layer[-1], lambda w: pack(w, None)),
+            *(pack(t) if i in _PACKED_FIELDS and t is not None else t for i, t in enumerate(layer[:-1])),
+            as_layer_slot(layer[-1], pack),
         )
         for layer in map(_fused, layers)
     )
-    return packed, pack(head.detach(), None)
+    return packed, pack(head)
 
 
 _FUSED = tuple(
@@ -422,13 +439,23 @@ def _fused(layer: Layer) -> Layer:
     return tuple(out)
 
 
-def _linear(x: Tensor, w: Tensor, b: Tensor | None, lora: tuple[Tensor, Tensor, float] | None) -> Tensor:
-    """x W^T + b (W plain or oneDNN-packed), plus a LoRA adapter's scale (x A^T) B^T (peft's order)."""
-    y = _product(x, w, b)
+def _product_of(shape: LeanShape) -> Callable[[Tensor, Tensor, Tensor | None], Tensor]:
+    """The step's products: `_product`, or exact mode's (`exact.product`, the trainer's kernel)."""
+    return exact.product if shape.exact else _product
+
+
+def _linear(
+    x: Tensor, w: Tensor, b: Tensor | None, lora: tuple[Tensor, Tensor, float] | None,
+    product: Callable[[Tensor, Tensor, Tensor | None], Tensor] = _product,
+) -> Tensor:  # fmt: skip
+    """x W^T + b (W plain or oneDNN-packed), plus a LoRA adapter's scale (x A^T) B^T (peft's order), by
+    `product` (the adapter's low-rank products by F.linear, or exact mode's product)."""
+    y = product(x, w, b)
     if lora is None:
         return y
     a, b_, scale = lora
-    return y + F.linear(F.linear(x, a), b_) * scale
+    low = F.linear if product is _product else product
+    return y + low(low(x, a, None), b_, None) * scale
 
 
 def _attend(
@@ -454,7 +481,7 @@ class LeanDecoder:
         """`pack`: pack the weights at each `start` where `can_pack` (never when compiled)."""
         self.model = model
         self.shape = _shape(model)
-        self.pack = pack and not compile
+        self.pack = pack and not compile and not self.shape.exact  # exact: the trainer's own products
         self.step_fn: Callable[..., tuple[Tensor, Tensor]] = (
             torch.compile(lean_step, dynamic=True) if compile else lean_step
         )
@@ -521,14 +548,14 @@ class LeanState:
 
     def step(self, tokens: Tensor) -> Tensor:
         """Feed `tokens` (a,) at each row's next position: the logits (a, v) of the token after it."""
-        n = self.length
+        n, own = self.length, int(self.decoder.shape.exact)  # exact: the new position is attended in place
         logits, new = self.decoder.step_fn(
             self.decoder.shape,
             *self.weights,
             tokens,
             self.table[self.positions],
-            self.bias[:, :n],
-            self.kv[:, :, :, :, :n],
+            self.bias[:, : n + own],
+            self.kv[:, :, :, :, : n + own],
         )
         self.kv[:, :, :, :, n] = new
         self.length, self.positions = n + 1, self.positions + 1

@@ -117,8 +117,16 @@ def test_smollm2_log_probs_are_the_same_bits_in_every_arrangement(dtype, how):
     assert_bitwise(batch, rescored(path, dtype, batch, how))
 
 
-def _break_bmm(monkeypatch) -> None:
-    monkeypatch.delitem(exact._HANDLERS, torch.ops.aten.bmm.default)  # the decode step's few-query scores
+def _break_scores(monkeypatch) -> None:
+    monkeypatch.setattr(
+        exact, "_matmul", lambda a, b: a @ b
+    )  # the decode step's few-query products as they are
+
+
+def _break_products(monkeypatch) -> None:
+    monkeypatch.delitem(
+        exact._HANDLERS, torch.ops.aten.mm.default
+    )  # the trainer's products by MKL, not oneDNN
 
 
 def _break_layout(monkeypatch) -> None:
@@ -127,10 +135,15 @@ def _break_layout(monkeypatch) -> None:
     monkeypatch.setattr(rlcore.rollout.native, "align_prompts", lambda batch: batch)  # blocks fall elsewhere
 
 
-@pytest.mark.parametrize("breaking", [_break_bmm, _break_layout], ids=["few-row-scores", "unaligned-engine"])
+@pytest.mark.parametrize(
+    "breaking",
+    [_break_scores, _break_products, _break_layout],
+    ids=["few-row-scores", "trainer-mkl", "unaligned-engine"],
+)
 def test_one_path_changed_and_the_log_probs_differ(breaking, monkeypatch):
-    """One path changed (the attention's few-row score products run as they are; the engine's prompts not
-    laid out in whole blocks): the engine and the trainer disagree again, so the tests above can fail."""
+    """One path changed (the attention's few-row products run as they are; the trainer's products by MKL's
+    sgemm while the engine's are oneDNN's; the engine's prompts not laid out in whole blocks): the engine
+    and the trainer disagree again, so the tests above can fail."""
 
     def differing() -> int:
         batch = rollout("builtin:tiny-reverse", "fp32", PROMPTS[:8], 4, 24, 0)
@@ -143,7 +156,9 @@ def test_one_path_changed_and_the_log_probs_differ(breaking, monkeypatch):
 
 
 def test_products_run_on_at_least_min_rows_and_silu_is_exact():
-    """The dispatch table: a few-row product equals the rows of a many-row one; `silu` is x / (1 + e^-x)."""
+    """The dispatch table: a few-row product equals the rows of a many-row one, and `exact.product` (the
+    lean step's) gives the same bits; the packed copy is made again after the weight changes in place;
+    `silu` is x / (1 + e^-x)."""
     torch.manual_seed(0)
     x, w = torch.randn(64, 576), torch.randn(1536, 576)
     with exact.ExactKernels():
@@ -151,6 +166,9 @@ def test_products_run_on_at_least_min_rows_and_silu_is_exact():
         many = torch.nn.functional.linear(x, w)
         silu = torch.nn.functional.silu(x)
     assert torch.equal(few, many[:3]) and MIN_ROWS > 3
+    assert torch.equal(exact.product(x[:3], w), few)
+    w.mul_(2.0)  # an optimizer step: the weight's version moves on
+    assert torch.equal(exact.product(x[:3], w), 2.0 * few)
     assert torch.equal(silu, x / (1 + torch.exp(-x)))
 
 
