@@ -64,9 +64,11 @@ def learn(
     if algorithm.bypass:  # the rollout's log-probs are the old policy: no recompute pass
         batch = batch.with_(old_logprobs=batch["rollout_logprobs"], overwrite=True)
     elif not algorithm.on_policy:  # else the update's own forward gives them (and the rollout gap)
+        started = time.perf_counter()
         with amp(), phase("logprobs"):
             batch = logprob_step(state.actor.model, batch, key="old_logprobs", **forward)
         metrics |= logprob_gap(batch, batch["old_logprobs"])  # rollout vs trainer log-probs
+        metrics["timing/old_logprobs_s"] = time.perf_counter() - started
     if algorithm.correction is not None:  # IS weights, rejected units out of the mask (before advantages)
         batch, corr = algorithm.correction(batch)
         metrics |= corr
