@@ -3,40 +3,43 @@
     make_exact(model)          # once, on every copy that samples or scores (the trained module, an engine's copy)
     exact_block(model)         # BLOCK when the model is exact, else None (forward.py and the engine align to it)
 
-A token's log-prob must not depend on which other rows share its batch, on padding, on micro-batching, or
-on whether its context came from a KV cache or from the same forward. Measured on this CPU (torch 2.13,
-experiments/README.md, issue 41), each source of difference, and what exact mode does about it:
+A token's log-prob must not depend on which other rows share its batch, on padding, on micro-batching, on
+prompt packing, or on whether its context came from a KV cache or from the same forward. Each source of
+difference was measured alone on this CPU (torch 2.13; experiments/exact_sources.py, the table in
+experiments/README.md, issue 41); what exact mode does about each:
 
-- matrix products: fp32 `mm`/`bmm` with fewer than ~15 rows take another kernel (up to 7e-6 apart); with
-  16 or more rows the result of a row depends on that row alone (any row count, any column count, any
-  position in the batch, 1 or 2 threads). Exact mode pads every product to at least `MIN_ROWS` rows.
+- matrix products: MKL's fp32 sgemm takes another kernel below ~15 rows (up to 7e-6 apart), and the lean
+  decode step multiplied by oneDNN's packed kernel, which sums in another order again. Exact mode runs
+  every product through one kernel on both sides (`product`): oneDNN's packed product (a weight packed once
+  per version; row-invariant from 2 rows, and faster than MKL's sgemm at every row count measured) on at
+  least `MIN_ROWS` rows. Inside the trainer's Hugging Face forward the `mm`/`addmm` of a weight are routed
+  there by a `TorchDispatchMode` (`ExactKernels`), which the model's own forward hooks enter and leave.
 - attention: sdpa over a KV cache and over a whole sequence sum over keys in different orders. Exact mode
-  runs one attention function (`exact_attention`, registered with transformers as "rlcore_exact") for
-  prefill, decode and training: scores by a padded `bmm` (a reduction over the head dimension only), a
-  softmax whose max is exact in any order, and the weighted sum of values (with the normaliser as one more
-  column) in fixed blocks of `BLOCK` keys, each block one product of fixed inner size, the blocks folded
-  in order by `cumsum` (a sequential sum: all-masked blocks add exact zeros). The blocks sit at the same
-  place relative to the tokens on both sides because both lay a sequence out with its prompt left-padded to
-  a multiple of `BLOCK` columns (`aligned_prompt_width`).
-- SiLU: the vectorised and the scalar tail paths of `aten.silu` differ by 1 ulp (the tail falls where the
-  tensor's size puts it); exact mode computes x / (1 + exp(-x)), whose exp is position-invariant (measured).
-- RMSNorm, embedding, rotary tables, log-softmax over the vocabulary, elementwise add/mul: measured
-  row-invariant as they are.
+  runs one function (`attend`, registered with transformers as "rlcore_exact") for prefill, decode and
+  training: scores by products of at least MIN_ROWS rows (a reduction over the head dimension only), a
+  softmax whose max is exact in any order, and the weighted sum of values in fixed blocks of `BLOCK` keys,
+  each block one product of inner size BLOCK, the blocks folded in order (`_fold`, a sequential sum:
+  masked blocks add exact zeros), the normaliser summed block by block alike. The blocks sit at the same
+  place relative to a sequence's tokens on both sides because both lay a prompt out ending on a multiple
+  of BLOCK columns (`align_prompts`; a packed row puts each prompt's end and each response's start on a
+  multiple, `rlcore.models.shared_prompt.pack_plan`).
+- rotary positions: `cos`/`sin` take a scalar path for the elements that end a vectorised run, so a
+  position's value depends on the tensor's size. Exact mode looks them up in one table built in fixed
+  pieces (`RotaryTable`), read by the trainer's forward and the lean step alike.
+- SiLU: likewise 1 ulp between the vectorised and the scalar path; exact mode computes x / (1 + exp(-x)),
+  whose exp is position-invariant (measured).
+- RMSNorm (the Hugging Face arithmetic, which the lean step copies in exact mode), embedding, log-softmax
+  over the vocabulary, elementwise add/mul: measured row-invariant as they are.
+The backward keeps its kernels (gradients need no invariance).
 
-The products and SiLU are switched by a `TorchDispatchMode` (`ExactKernels`) that the model's own forward
-hooks enter and leave, so every forward of an exact model, trainer's or engine's, runs under it and nothing
-else does. It does not change the backward's kernels (gradients need no invariance).
+Not covered (refused in one line by the trainer's preflight or `make_exact`): tensor and sequence
+parallelism (they split a reduction across ranks), mixtures of experts (their expert products: measured
+4e-6 apart) and vision-language models (not measured), vLLM (no batch-invariant mode on CPU), the agent
+loop (each turn is prefilled in its own layout), autocast (the engine does not autocast).
 
-What it does not cover (refused by the trainer's preflight in one line): tensor and sequence parallelism
-(they change a reduction across ranks), shared-prompt packing (a packed row's keys sit elsewhere; exact mode
-runs plain rows instead), mixtures of experts and vision-language models (not measured yet), vLLM (no
-batch-invariant mode on CPU), and the lean decode step (its products are oneDNN-packed: the engine takes
-the Hugging Face step).
-
-On CUDA the same seams take batch-invariant kernels: `ExactKernels` would route `mm`/`bmm` to fixed-tile,
-non-split-K GEMMs (vLLM's batch-invariant mode overrides `aten::mm`, `addmm`, `bmm`, `_log_softmax` and
-`mean` the same way, with Triton kernels; `sgemm-bi` on PyPI offers deterministic fixed-tile fp32 GEMMs),
-and `exact_attention` is already written as fixed key blocks folded in order (docs/GPU.md).
+On CUDA the same seams take batch-invariant kernels (experiments/README.md, issue 41, "GPU plan"): `product`
+would call fixed-tile, no-split-K GEMMs (`sgemm-bi`'s `deterministic_linear`, or cuBLASLt with split-K off,
+as vLLM's batch-invariant mode does on Hopper), and `attend` is already fixed key blocks folded in order.
 """
 
 from __future__ import annotations
@@ -167,6 +170,15 @@ def _bmm(func: Any, a: Tensor, b: Tensor) -> Tensor:
     return func(_pad_rows(a, 1), b)[:, :m] if m < MIN_ROWS else func(a, b)
 
 
+def _fold(parts: list[Tensor]) -> Tensor:
+    """((p0 + p1) + p2) + ...: a sequential sum, so that parts that are exactly zero (masked blocks, before or
+    after a sequence's own) change nothing, wherever they sit."""
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return total
+
+
 def _matmul(a: Tensor, b: Tensor) -> Tensor:
     """a @ b (batched) with a's rows (dim -2) padded to at least MIN_ROWS."""
     m = a.shape[-2]
@@ -229,7 +241,7 @@ def attend(query: Tensor, key: Tensor, value: Tensor, allowed: Tensor, scale: fl
     query (b, h, q, d), key and value (b, kvh, L, d) (views of a cache are read in place), allowed
     (b or 1, 1, q, L) bool. Computed in float32; query heads grouped over their kv head (GQA) without
     repeating the keys. Each block of BLOCK keys is one product of inner size BLOCK (the last one padded
-    with zeros), its weights' sum one sum of BLOCK terms; the blocks are folded in order by `cumsum`."""
+    with zeros), its weights' sum one sum of BLOCK terms; the blocks are folded in order (`_fold`)."""
     b, h, q_len, d = query.shape
     kvh, kv_len = key.shape[1], key.shape[2]
     g, full = h // kvh, kv_len // BLOCK * BLOCK
@@ -242,16 +254,13 @@ def attend(query: Tensor, key: Tensor, value: Tensor, allowed: Tensor, scale: fl
     weights = nn.functional.pad(torch.exp(scores - top), (0, blocks * BLOCK - kv_len))  # (.., blocks * BLOCK)
     weights = weights.view(b, kvh, g * q_len, blocks, BLOCK)
     values = value.float()
-    parts = [
-        _matmul(
-            weights[:, :, :, : full // BLOCK].transpose(2, 3), values[:, :, :full].unflatten(2, (-1, BLOCK))
-        )
-    ]
+    blocked = weights[:, :, :, : full // BLOCK].transpose(2, 3)  # (b, kvh, full blocks, g q, BLOCK)
+    parts = list(_matmul(blocked, values[:, :, :full].unflatten(2, (-1, BLOCK))).unbind(2))
     if full < kv_len:  # the last, partial block: its values padded with zero rows
         tail = nn.functional.pad(values[:, :, full:], (0, 0, 0, BLOCK - (kv_len - full)))
-        parts.append(_matmul(weights[:, :, :, -1:].transpose(2, 3), tail[:, :, None]))
-    total = torch.cat(parts, dim=2).cumsum(dim=2)[:, :, -1]  # (b, kvh, g q, d): blocks folded in order
-    norm = weights.sum(dim=-1).cumsum(dim=-1)[..., -1:]  # (b, kvh, g q, 1): the same blocks' sums
+        parts.append(_matmul(weights[:, :, :, -1], tail))
+    total = _fold(parts)  # (b, kvh, g q, d): the blocks' products, in order
+    norm = _fold(list(weights.sum(dim=-1, keepdim=True).unbind(3)))  # (b, kvh, g q, 1): their weights' sums
     out = torch.where(norm > 0, total / torch.where(norm > 0, norm, 1.0), 0.0)
     return out.view(b, kvh, g, q_len, d).reshape(b, h, q_len, d).to(query.dtype)
 

@@ -25,6 +25,10 @@ blocks, each prompt computed once per packed row that holds its responses, with 
 eager attention); `response_logits` gathers each row's logits back, so callers see (m, r, v) either
 way.
 
+Exact mode (`rlcore.models.exact`): the prompt part is laid out in whole blocks of `exact.BLOCK` columns
+(left-padded as the engine pads it) and packed segments start on a block, so that a sequence's log-probs
+are the engine's bit for bit in any micro-batch and either layout.
+
 Memory: logits exist for one micro-batch at a time, in the model's dtype, response positions only
 in the row layout and every position of the packed rows (their prompt copies too; both bounded by
 the token budget: budget x vocab); log-probs and entropies never make a second full

@@ -39,6 +39,10 @@ adds scale (x A^T) B^T as peft does), and no forward hooks (another wrapper, a q
 module computes more than its weight); `lean_decoder` returns None otherwise and the engine keeps the Hugging Face step. The logits equal the Hugging Face
 forward's to float32 rounding (tests/test_lean_decode.py: <= 1e-5 at every step).
 
+In exact mode (`rlcore.models.exact`) the step runs the trainer's arithmetic instead: `exact.product` for
+every product (unfused), the Hugging Face RMSNorm, `exact.attend` over the cache and `exact.silu`, so its
+logits are the trainer's bit for bit (`LeanShape.exact`).
+
 A mixture of experts' MoE layers call their router module (its hooks fire as in the Hugging Face step, so
 recorded routes work unchanged), then, packed, run each hit expert's two products on oneDNN-packed copies
 (`rlcore.rollout.lean_moe`); a block it does not cover (a shared expert, adapters on the experts) and the

@@ -85,7 +85,7 @@ def assert_bitwise(batch: Batch, logprobs: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
-@SETTINGS
+@settings(SETTINGS, max_examples=20)
 @given(
     prompts=st.lists(st.sampled_from(PROMPTS), min_size=1, max_size=8),
     n=st.integers(1, 4),
