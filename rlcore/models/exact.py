@@ -254,8 +254,8 @@ def attend(query: Tensor, key: Tensor, value: Tensor, allowed: Tensor, scale: fl
     weights = nn.functional.pad(torch.exp(scores - top), (0, blocks * BLOCK - kv_len))  # (.., blocks * BLOCK)
     weights = weights.view(b, kvh, g * q_len, blocks, BLOCK)
     values = value.float()
-    blocked = weights[:, :, :, : full // BLOCK].transpose(2, 3)  # (b, kvh, full blocks, g q, BLOCK)
-    parts = list(_matmul(blocked, values[:, :, :full].unflatten(2, (-1, BLOCK))).unbind(2))
+    blocked = values[:, :, :full].unflatten(2, (-1, BLOCK))  # (b, kvh, full blocks, BLOCK, d)
+    parts = [_matmul(weights[:, :, :, j], blocked[:, :, j]) for j in range(full // BLOCK)]
     if full < kv_len:  # the last, partial block: its values padded with zero rows
         tail = nn.functional.pad(values[:, :, full:], (0, 0, 0, BLOCK - (kv_len - full)))
         parts.append(_matmul(weights[:, :, :, -1], tail))
