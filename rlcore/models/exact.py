@@ -11,8 +11,8 @@ experiments/README.md, issue 41); what exact mode does about each:
 - matrix products: MKL's fp32 sgemm takes another kernel below ~15 rows (up to 7e-6 apart), and the lean
   decode step multiplied by oneDNN's packed kernel, which sums in another order again. Exact mode runs
   every product through one kernel on both sides (`product`): oneDNN's packed product (a weight packed once
-  per version; row-invariant from 2 rows, and faster than MKL's sgemm at every row count measured) on at
-  least `MIN_ROWS` rows. Inside the trainer's Hugging Face forward the `mm`/`addmm` of a weight are routed
+  per trainer forward and per `generate`; row-invariant from 2 rows, and faster than MKL's sgemm at every
+  row count measured) on at least `MIN_ROWS` rows. Inside the trainer's Hugging Face forward the `mm`/`addmm` of a weight are routed
   there by a `TorchDispatchMode` (`ExactKernels`), which the model's own forward hooks enter and leave.
 - attention: sdpa over a KV cache and over a whole sequence sum over keys in different orders. Exact mode
   runs one function (`attend`, registered with transformers as "rlcore_exact") for prefill, decode and
@@ -50,7 +50,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.weak import WeakIdKeyDictionary
 
 from rlcore.batch import Batch
 from rlcore.models.onednn import can_pack, pack, packed_linear
@@ -97,36 +96,29 @@ def _pad_rows(x: Tensor, dim: int) -> Tensor:
     return torch.cat([x, x.new_zeros(shape)], dim=dim)
 
 
-_PACKS = WeakIdKeyDictionary()
-"""weight -> (its version, its oneDNN-packed copy made at that version) (an optimizer step or a
-load bumps the version, and the next product repacks)."""
-
-
-def _packed(weight: Tensor) -> Tensor | None:
-    """`weight`'s packed copy (made once per version), or None where oneDNN cannot pack it."""
+def packed_or_plain(weight: Tensor) -> Tensor:
+    """`weight` in oneDNN's packed layout (`rlcore.models.onednn`: a row's result then depends on that row
+    alone, from 2 rows up, and it is faster than MKL's sgemm at every row count measured), or `weight`
+    itself where it does not pack or oneDNN has no kernel for its shape (tried once on MIN_ROWS rows)."""
     if not can_pack(weight):
-        return None
-    hit = _PACKS.get(weight)
-    if hit is None or hit[0] != weight._version:
-        hit = (weight._version, pack(weight))
-        _PACKS[weight] = hit
-    return hit[1]
+        return weight
+    packed = pack(weight)
+    try:
+        packed_linear(weight.new_zeros((MIN_ROWS, weight.shape[1])), packed, None)
+    except RuntimeError:  # e.g. a LoRA factor of rank 8 in bf16
+        return weight
+    return packed
 
 
 def product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x W^T + b, (..., K) -> (..., N): exact mode's one product, for the trainer's forward and the engine's
-    step alike. The rows (all leading dimensions) are padded with zeros to at least MIN_ROWS, and the
-    weight is multiplied in oneDNN's packed layout where it packs (`rlcore.models.onednn`: a row's result
-    then depends on that row alone, from 2 rows up, and it is faster than MKL's sgemm at every row count
-    measured), else by `F.linear`."""
+    step alike, on at least MIN_ROWS rows (zeros appended). `weight`: from `packed_or_plain`, so the same
+    weight takes the same kernel on both sides."""
     rows = x.reshape(-1, x.shape[-1])
     m = rows.shape[0]
     if m < MIN_ROWS:
         rows = _pad_rows(rows, 0)
-    packed = _packed(weight)
-    out = (
-        packed_linear(rows.contiguous(), packed, bias) if packed is not None else F.linear(rows, weight, bias)
-    )
+    out = packed_linear(rows.contiguous(), weight, bias) if weight.is_mkldnn else F.linear(rows, weight, bias)
     return out[:m].reshape(*x.shape[:-1], out.shape[-1])
 
 
@@ -145,18 +137,19 @@ def _weight_of(b: Tensor) -> Tensor | None:
     return base if b.stride() == (1, base.stride(0)) and b.data_ptr() == base.data_ptr() else None
 
 
-def _mm(func: Any, a: Tensor, b: Tensor) -> Tensor:
+def _mm(kernels: ExactKernels, func: Any, a: Tensor, b: Tensor) -> Tensor:
     weight = _weight_of(b)
     if weight is not None:
-        return product(a, weight)
+        return product(a, kernels.packed(weight))
     m = a.shape[0]
     return func(_pad_rows(a, 0), b)[:m] if m < MIN_ROWS else func(a, b)
 
 
-def _addmm(func: Any, bias: Tensor, a: Tensor, b: Tensor, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
+def _addmm(kernels: ExactKernels, func: Any, bias: Tensor, a: Tensor, b: Tensor, *, beta: Any = 1,
+           alpha: Any = 1) -> Tensor:  # fmt: skip
     weight = _weight_of(b)
     if weight is not None and bias.dim() == 1 and beta == 1 and alpha == 1:
-        return product(a, weight, bias)
+        return product(a, kernels.packed(weight), bias)
     m = a.shape[0]
     if m >= MIN_ROWS:
         return func(bias, a, b, beta=beta, alpha=alpha)
@@ -165,7 +158,18 @@ def _addmm(func: Any, bias: Tensor, a: Tensor, b: Tensor, *, beta: Any = 1, alph
     return func(bias, _pad_rows(a, 0), b, beta=beta, alpha=alpha)[:m]
 
 
-def _bmm(func: Any, a: Tensor, b: Tensor) -> Tensor:
+def _addmm_(kernels: ExactKernels, func: Any, out: Tensor, a: Tensor, b: Tensor, *, beta: Any = 1,
+            alpha: Any = 1) -> Tensor:  # fmt: skip
+    """In place (a LoRA adapter added into its base output, `rlcore.models.lora`): on at least MIN_ROWS rows."""
+    m = a.shape[0]
+    if m >= MIN_ROWS:
+        return func(out, a, b, beta=beta, alpha=alpha)
+    padded = _pad_rows(out, 0)
+    func(padded, _pad_rows(a, 0), b, beta=beta, alpha=alpha)
+    return out.copy_(padded[:m])
+
+
+def _bmm(kernels: ExactKernels, func: Any, a: Tensor, b: Tensor) -> Tensor:
     m = a.shape[1]
     return func(_pad_rows(a, 1), b)[:, :m] if m < MIN_ROWS else func(a, b)
 
@@ -185,13 +189,14 @@ def _matmul(a: Tensor, b: Tensor) -> Tensor:
     return (_pad_rows(a, -2) @ b)[..., :m, :] if m < MIN_ROWS else a @ b
 
 
-def _silu(func: Any, x: Tensor) -> Tensor:
+def _silu(kernels: ExactKernels, func: Any, x: Tensor) -> Tensor:
     return silu(x)
 
 
 _HANDLERS = {
     torch.ops.aten.mm.default: _mm,
     torch.ops.aten.addmm.default: _addmm,
+    torch.ops.aten.addmm_.default: _addmm_,
     torch.ops.aten.bmm.default: _bmm,
     torch.ops.aten.silu.default: _silu,
 }
@@ -199,13 +204,35 @@ _HANDLERS = {
 
 
 class ExactKernels(TorchDispatchMode):
-    """Runs `_HANDLERS`' ops in their batch-invariant form; every other op as it is."""
+    """Runs `_HANDLERS`' ops in their batch-invariant form; every other op as it is. Entered once per forward
+    (`make_exact`'s hooks): the weights are packed once per forward (`packed`), never reused across forwards
+    (an optimizer step, a load through `.data` or an FSDP all-gather may change them without a version bump)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.packs: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def __enter__(self) -> ExactKernels:
+        self.packs = {}
+        return super().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self.packs = {}
+        return super().__exit__(*exc)
+
+    def packed(self, weight: Tensor) -> Tensor:
+        """`packed_or_plain(weight)`, once per forward."""
+        hit = self.packs.get(id(weight))
+        if hit is None or hit[0] is not weight:
+            hit = (weight, packed_or_plain(weight))
+            self.packs[id(weight)] = hit
+        return hit[1]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         handler = _HANDLERS.get(func)
         if handler is None:
             return func(*args, **(kwargs or {}))
-        return handler(func, *args, **(kwargs or {}))
+        return handler(self, func, *args, **(kwargs or {}))
 
 
 def _allowed(mask: Tensor | None, q_len: int, kv_len: int, device: torch.device) -> Tensor:

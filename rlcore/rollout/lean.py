@@ -151,6 +151,8 @@ def unsupported(model: torch.nn.Module) -> str | None:
     dense = [layer.mlp for layer in base.layers if _sparse_block(layer) is None]
     if any(not callable(getattr(mlp, "act_fn", None)) for mlp in dense):
         return "the MLP has no act_fn"
+    if exact.exact_block(model) is not None and any(_is_lora(m) for m in model.modules()):
+        return "exact mode with LoRA adapters (the trainer adds them in place: the Hugging Face step)"
     return _plain_modules(model)
 
 
@@ -523,6 +525,13 @@ class LeanDecoder:
         """(embedding, layers, final norm, head): the module's tensors now, packed where `pack` says."""
         base = self.model.model
         layers, head = tuple(_layer(layer) for layer in base.layers), self.model.lm_head.weight
+        if self.shape.exact:  # the trainer's kernel per projection, unfused (`exact.packed_or_plain`)
+            layers = tuple(
+                tuple(exact.packed_or_plain(t.detach()) if i in _PACKED_FIELDS and t is not None else t
+                      for i, t in enumerate(layer))
+                for layer in layers
+            )  # fmt: skip
+            return base.embed_tokens.weight, layers, base.norm.weight, exact.packed_or_plain(head.detach())
         if self.pack and can_pack(head):
             layers, head = pack_weights(layers, head)
         return base.embed_tokens.weight, layers, base.norm.weight, head
