@@ -23,10 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments"))
 
 from bench_async import long_tailed_model  # noqa: E402
-from bench_real import TASK, find_model, matmul_peak  # noqa: E402
+from bench_real import TASK, find_model, matmul_peak, prompt_tokens, run_grpo  # noqa: E402
 
 WORKLOADS = {  # model, task, shape
     "real": {"task": TASK, "batch": 8, "n": 8, "max_tokens": 48, "lr": "5e-6"},
@@ -62,18 +59,8 @@ VARIANTS = {  # name: (flags, baseline)
 
 def train(model: Path, work: dict, flags: list[str], steps: int, out: Path) -> list[dict] | None:
     half = str(max(1, work["batch"] // 2))
-    cmd = [sys.executable, str(ROOT / "train.py"), "grpo", "--model.path", str(model),
-           "--data.train-files", work["task"], "--data.builtin-train-size", "256",
-           "--data.batch-size", str(work["batch"]), "--rollout.n", str(work["n"]),
-           "--rollout.max-tokens", str(work["max_tokens"]), "--optim.lr", work["lr"],
-           "--trainer.val-every", "0", "--trainer.steps", str(steps), "--log.no-progress",
-           "--out-dir", str(out), *[f.format(half=half) for f in flags]]  # fmt: skip
-    env = os.environ | {"TRANSFORMERS_VERBOSITY": "error"}
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        print(f"failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
-        return None
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    shape = {k: work[k] for k in ("batch", "n", "max_tokens")} | {"steps": steps}
+    return run_grpo(model, work["task"], shape, work["lr"], [f.format(half=half) for f in flags], out, label=out.name)
 
 
 def median(records: list[dict], key: str) -> float:
@@ -101,22 +88,6 @@ def summarize(records: list[dict], work: dict, peak: float, prompt: float) -> di
     }
 
 
-def prompt_tokens(model: Path, task: str) -> float:
-    """Mean chat-template prompt length of the task's first 8 training rows, in tokens."""
-    from rlcore.data import reasoning_gym, tasks
-    from rlcore.models.policy import load_tokenizer
-
-    tokenizer = load_tokenizer(str(model))
-    if task.startswith("builtin:"):
-        rows = tasks.generate_rows(task.removeprefix("builtin:"), "train", 8, seed=0)
-    else:
-        rows = reasoning_gym.generate_rows(task, "train", 8, seed=0)
-    prompts = [row["prompt"] for row in rows]
-    ids = [tokenizer.apply_chat_template(p, tokenize=True, add_generation_prompt=True, return_dict=False)
-           for p in prompts]  # fmt: skip
-    return statistics.mean(len(i) for i in ids)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS), default=sorted(WORKLOADS))
@@ -131,7 +102,7 @@ def main() -> None:
     for name in args.workloads:
         work = WORKLOADS[name] | (QUICK if args.quick else {})
         model = find_model() if name == "real" else long_tailed_model(root / "longtail-model")
-        prompt = prompt_tokens(model, work["task"])
+        prompt = prompt_tokens(model, task=work["task"])
         rows: dict[str, dict[str, float] | None] = {}
         steps = 2 if args.quick else args.steps
         for variant in args.variants:

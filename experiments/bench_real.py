@@ -114,30 +114,41 @@ def matmul_peak(dtype: torch.dtype) -> float:
     return matmul_gflops(8192 if where == "cuda" else 2048, dtype=dtype, device=where) * 1e9
 
 
-def prompt_tokens(model: Path, rows: int = 8) -> float:
-    """Mean chat-template prompt length of the task's first `rows` training rows, in tokens."""
-    from rlcore.data.reasoning_gym import generate_rows
+def prompt_tokens(model: Path, rows: int = 8, task: str = TASK) -> float:
+    """Mean chat-template prompt length of `task`'s first `rows` training rows (a reasoning-gym or a
+    `builtin:` task), in tokens."""
+    from rlcore.data import reasoning_gym, tasks
     from rlcore.models.policy import load_tokenizer
 
     tokenizer = load_tokenizer(str(model))
-    prompts = [row["prompt"] for row in generate_rows(TASK, "train", rows, seed=0)]
-    ids = [tokenizer.apply_chat_template(p, tokenize=True, add_generation_prompt=True, return_dict=False)
-           for p in prompts]  # fmt: skip
+    if task.startswith("builtin:"):
+        drawn = tasks.generate_rows(task.removeprefix("builtin:"), "train", rows, seed=0)
+    else:
+        drawn = reasoning_gym.generate_rows(task, "train", rows, seed=0)
+    ids = [tokenizer.apply_chat_template(row["prompt"], tokenize=True, add_generation_prompt=True,
+                                         return_dict=False) for row in drawn]  # fmt: skip
     return statistics.mean(len(i) for i in ids)
 
 
 def train(model: Path, name: str, shape: dict[str, int], out: Path) -> list[dict] | None:
     """One train.py run's metrics.jsonl records; None (and its stderr's tail on stderr) if it failed."""
+    return run_grpo(model, TASK, shape, "5e-6", VARIANTS[name], out, label=name, env=ENV.get(name, {}))
+
+
+def run_grpo(model: Path, task: str, shape: dict[str, int], lr: str, flags: list[str], out: Path, *,
+             label: str, env: dict[str, str] | None = None) -> list[dict] | None:  # fmt: skip
+    """`train.py grpo` on `task` with `shape` (batch, n, max_tokens, steps), no validation, and `flags`: its
+    metrics.jsonl records; None (and its stderr's tail on stderr, headed by `label`) if it failed."""
     cmd = [sys.executable, str(ROOT / "train.py"), "grpo", "--model.path", str(model),
-           "--data.train-files", TASK, "--data.builtin-train-size", "256",
+           "--data.train-files", task, "--data.builtin-train-size", "256",
            "--data.batch-size", str(shape["batch"]), "--rollout.n", str(shape["n"]),
-           "--rollout.max-tokens", str(shape["max_tokens"]), "--optim.lr", "5e-6",
+           "--rollout.max-tokens", str(shape["max_tokens"]), "--optim.lr", lr,
            "--trainer.val-every", "0", "--trainer.steps", str(shape["steps"]), "--log.no-progress",
-           "--out-dir", str(out), *VARIANTS[name]]  # fmt: skip
-    env = os.environ | {"TRANSFORMERS_VERBOSITY": "error"} | ENV.get(name, {})
+           "--out-dir", str(out), *flags]  # fmt: skip
+    env = os.environ | {"TRANSFORMERS_VERBOSITY": "error"} | (env or {})
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        print(f"{name} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+        print(f"{label} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
         return None
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
