@@ -121,6 +121,8 @@ def test_former_refusals_are_valid(cfg):
         (with_(BASE, trainer=TrainerConfig(ep=2), model=ModelConfig(lora_rank=8, lora_targets=("q_proj", "experts.down_proj"))), 2,
          "--trainer.ep 2 with --model.lora-rank 8: adapters on expert-parallel experts are not built"),
         (with_(BASE, trainer=TrainerConfig(ep=2, tp=2)), 4, "--trainer.ep 2 with --trainer.tp / --trainer.sp: not built; use ep with FSDP2 alone"),
+        (with_(BASE, trainer=TrainerConfig(ep=2), rollout=RolloutConfig(exact=True)), 2,
+         "--rollout.exact with --trainer.ep 2: expert-parallel experts multiply by another path"),
     ],
 )  # fmt: skip
 def test_bad_values_name_flag_value_and_fix(cfg, world_size, message):

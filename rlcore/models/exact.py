@@ -14,6 +14,10 @@ experiments/README.md, issue 41); what exact mode does about each:
   per trainer forward and per `generate`; row-invariant from 2 rows, and faster than MKL's sgemm at every
   row count measured) on at least `MIN_ROWS` rows. Inside the trainer's Hugging Face forward the `mm`/`addmm` of a weight are routed
   there by a `TorchDispatchMode` (`ExactKernels`), which the model's own forward hooks enter and leave.
+  A mixture of experts' grouped products (`_grouped_mm`, each expert on its tokens: few rows each) run
+  expert by expert through the same `product` (measured before: 2.5e-6 fp32, 0.10 bf16 on tiny-moe); the
+  lean step calls a MoE block inside an `ExactKernels` of its own (`under_kernels`), so the engine's
+  experts are the trainer's. Recorded routes (`rlcore.models.moe`) are laid out with the prompt columns.
 - attention: sdpa over a KV cache and over a whole sequence sum over keys in different orders. Exact mode
   runs one function (`attend`, registered with transformers as "rlcore_exact") for prefill, decode and
   training: scores by products of at least MIN_ROWS rows (a reduction over the head dimension only), a
@@ -33,9 +37,9 @@ experiments/README.md, issue 41); what exact mode does about each:
 The backward keeps its kernels (gradients need no invariance).
 
 Not covered (refused in one line by the trainer's preflight or `make_exact`): tensor and sequence
-parallelism (they split a reduction across ranks), mixtures of experts (their expert products: measured
-4e-6 apart) and vision-language models (not measured), vLLM (no batch-invariant mode on CPU), the agent
-loop (each turn is prefilled in its own layout), autocast (the engine does not autocast).
+parallelism (they split a reduction across ranks), expert parallelism (its experts multiply by another
+path), vision-language models (not measured), vLLM (no batch-invariant mode on CPU), the agent loop (each
+turn is prefilled in its own layout), autocast (the engine does not autocast).
 
 On CUDA the same seams take batch-invariant kernels (experiments/README.md, issue 41, "GPU plan"): `product`
 would call fixed-tile, no-split-K GEMMs (`sgemm-bi`'s `deterministic_linear`, or cuBLASLt with split-K off,
@@ -44,6 +48,7 @@ as vLLM's batch-invariant mode does on Hopper), and `attend` is already fixed ke
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -77,15 +82,18 @@ def aligned_prompt_width(width: int) -> int:
 
 
 def align_prompts(batch: Batch) -> Batch:
-    """`batch` with its prompt columns (`input_ids`, `attention_mask`, `position_ids` where present) left-padded
+    """`batch` with its prompt columns (`input_ids`, `attention_mask`, `position_ids`, `prompt_routes` where present) left-padded
     to `aligned_prompt_width`: the engine's and the trainer's layouts of an exact model (padding is masked,
     id 0, position 0)."""
     width = batch["input_ids"].shape[1]
     extra = aligned_prompt_width(width) - width
     if not extra:
         return batch
-    fields = [k for k in ("input_ids", "attention_mask", "position_ids") if k in batch]
-    return batch.with_(**{k: nn.functional.pad(batch[k], (extra, 0)) for k in fields}, overwrite=True)
+    fields = {k: nn.functional.pad(batch[k], (extra, 0)) for k in ("input_ids", "attention_mask", "position_ids")
+              if k in batch}  # fmt: skip
+    if "prompt_routes" in batch:  # (b, p, L, k): none recorded on padding
+        fields["prompt_routes"] = nn.functional.pad(batch["prompt_routes"], (0, 0, 0, 0, extra, 0), value=-1)
+    return batch.with_(**fields, overwrite=True)
 
 
 def _pad_rows(x: Tensor, dim: int) -> Tensor:
@@ -137,6 +145,16 @@ def _weight_of(b: Tensor) -> Tensor | None:
     return base if b.stride() == (1, base.stride(0)) and b.data_ptr() == base.data_ptr() else None
 
 
+def _experts_of(b: Tensor) -> Tensor | None:
+    """The (G, N, K) expert weights whose per-expert transposes `b` (G, K, N) is (how transformers' grouped
+    experts hand their fused weights to `_grouped_mm`), or None."""
+    base = b._base
+    if base is None or base.dim() != 3 or not base.is_contiguous() or b.data_ptr() != base.data_ptr():
+        return None
+    g, n, k = base.shape
+    return base if b.shape == (g, k, n) and b.stride() == (n * k, 1, k) else None
+
+
 def _mm(kernels: ExactKernels, func: Any, a: Tensor, b: Tensor) -> Tensor:
     weight = _weight_of(b)
     if weight is not None:
@@ -174,6 +192,22 @@ def _bmm(kernels: ExactKernels, func: Any, a: Tensor, b: Tensor) -> Tensor:
     return func(_pad_rows(a, 1), b)[:, :m] if m < MIN_ROWS else func(a, b)
 
 
+def _grouped_mm(kernels: ExactKernels, func: Any, a: Tensor, b: Tensor, offs: Tensor | None = None,
+                bias: Tensor | None = None, out_dtype: Any = None) -> Tensor:  # fmt: skip
+    """A mixture of experts' products (a's rows sorted by expert, `offs` each expert's end): each expert's
+    rows by `product` with its own packed weight, so a token's result depends on that token alone."""
+    experts = _experts_of(b)
+    if experts is None or offs is None or a.dim() != 2 or bias is not None or out_dtype not in (None, a.dtype):
+        raise NotImplementedError(f"exact mode: a grouped product of {tuple(a.shape)} x {tuple(b.shape)} "
+                                  "that is not a mixture of experts' fused weights")  # fmt: skip
+    out = a.new_empty((a.shape[0], b.shape[-1]))
+    ends = offs.tolist()
+    for g, (start, end) in enumerate(zip([0, *ends[:-1]], ends, strict=True)):
+        if end > start:
+            out[start:end] = product(a[start:end], kernels.packed(experts, g))
+    return out
+
+
 def _fold(parts: list[Tensor]) -> Tensor:
     """((p0 + p1) + p2) + ...: a sequential sum, so that parts that are exactly zero (masked blocks, before or
     after a sequence's own) change nothing, wherever they sit."""
@@ -198,34 +232,29 @@ _HANDLERS = {
     torch.ops.aten.addmm.default: _addmm,
     torch.ops.aten.addmm_.default: _addmm_,
     torch.ops.aten.bmm.default: _bmm,
+    torch.ops.aten._grouped_mm.default: _grouped_mm,
     torch.ops.aten.silu.default: _silu,
 }
 """The aten ops exact mode replaces, each with its batch-invariant form (one table, one place)."""
 
 
 class ExactKernels(TorchDispatchMode):
-    """Runs `_HANDLERS`' ops in their batch-invariant form; every other op as it is. Entered once per forward
-    (`make_exact`'s hooks): the weights are packed once per forward (`packed`), never reused across forwards
-    (an optimizer step, a load through `.data` or an FSDP all-gather may change them without a version bump)."""
+    """Runs `_HANDLERS`' ops in their batch-invariant form; every other op as it is. Each weight is packed
+    once per instance (`packed`): `make_exact`'s hooks make one per forward (an optimizer step, a load
+    through `.data` or an FSDP all-gather may change a weight without a version bump, so packs are never
+    reused across forwards); the lean step holds one per `generate` for a MoE block (`under_kernels`)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.packs: dict[int, tuple[Tensor, Tensor]] = {}
+        self.packs: dict[tuple[int, int | None], tuple[Tensor, Tensor]] = {}
 
-    def __enter__(self) -> ExactKernels:
-        self.packs = {}
-        return super().__enter__()
-
-    def __exit__(self, *exc: object) -> None:
-        self.packs = {}
-        return super().__exit__(*exc)
-
-    def packed(self, weight: Tensor) -> Tensor:
-        """`packed_or_plain(weight)`, once per forward."""
-        hit = self.packs.get(id(weight))
-        if hit is None or hit[0] is not weight:
-            hit = (weight, packed_or_plain(weight))
-            self.packs[id(weight)] = hit
+    def packed(self, owner: Tensor, expert: int | None = None) -> Tensor:
+        """`packed_or_plain` of the weight `owner` (2-D), or of expert `expert` of `owner` (3-D), once."""
+        key = (id(owner), expert)
+        hit = self.packs.get(key)
+        if hit is None or hit[0] is not owner:
+            hit = (owner, packed_or_plain(owner if expert is None else owner[expert]))
+            self.packs[key] = hit
         return hit[1]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -334,14 +363,11 @@ def _rotary(model: nn.Module) -> nn.Module | None:
 
 def why_not_exact(model: nn.Module) -> str | None:
     """Why exact mode cannot run `model` (one phrase), or None."""
-    from rlcore.models.moe import router_tap
     from rlcore.models.vision import placeholder_ids
 
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "_attn_implementation"):
         return f"{type(model).__name__} is not a transformers model"
-    if router_tap(model) is not None:
-        return "a mixture of experts is not covered yet"
     if placeholder_ids(model):
         return "a vision-language model is not covered yet"
     if _rotary(model) is None:
@@ -361,14 +387,28 @@ def make_exact(model: nn.Module) -> nn.Module:
     model.set_attn_implementation(EXACT_ATTENTION)
     rotary = _rotary(model)
     rotary.forward = RotaryTable(rotary)
-    mode = ExactKernels()
+    modes: list[ExactKernels] = []  # one per forward in flight (fresh packs each time)
 
     def enter(*_: Any) -> None:
-        mode.__enter__()
+        modes.append(ExactKernels())
+        modes[-1].__enter__()
 
     def leave(*_: Any) -> None:
-        mode.__exit__(None, None, None)
+        modes.pop().__exit__(None, None, None)
 
     model.register_forward_pre_hook(enter)
     model.register_forward_hook(leave, always_call=True)
     return model
+
+
+def under_kernels(module: nn.Module) -> Callable[..., Any]:
+    """`module` as a function that runs it inside one `ExactKernels` (each weight packed at its first call,
+    then kept): the lean step's MoE block, for one `generate` (`rlcore.rollout.lean`), runs the trainer's
+    products without its model's hooks."""
+    mode = ExactKernels()
+
+    def call(*args: Any) -> Any:
+        with mode:
+            return module(*args)
+
+    return call

@@ -97,7 +97,7 @@ class LeanShape:
 Layer = tuple[Any, ...]
 """One decoder layer's tensors, in `_LAYER_FIELDS` order (None where a bias, norm or dense MLP is absent),
 then each projection's LoRA (A, B, scale), in `_PROJECTIONS` order (None without an adapter), then the
-layer's sparse MoE block (a module; None for a dense MLP)."""
+layer's sparse MoE block (a module, or a function calling it; None for a dense MLP)."""
 
 _LAYER_FIELDS = (
     "input_layernorm.weight",
@@ -316,8 +316,7 @@ def lean_step(
         q = q.view(a, shape.heads, shape.head_dim)
         k, v = (t.view(a, shape.kv_heads, shape.head_dim) for t in (k, v))
         if qn is not None and kn is not None and shape.qk_eps is not None:
-            q = F.rms_norm(q, (shape.head_dim,), qn, shape.qk_eps)
-            k = F.rms_norm(k, (shape.head_dim,), kn, shape.qk_eps)
+            q, k = _norm(shape, q, qn, shape.qk_eps), _norm(shape, k, kn, shape.qk_eps)
         qk = torch.cat((q, k), dim=1)  # (a, heads + kv_heads, d)
         qk = qk * cos + _rotate_half(qk) * sin
         q, k = qk[:, : shape.heads], qk[:, shape.heads :]
@@ -335,13 +334,14 @@ def lean_step(
     return prod(x, head, None), torch.stack(news)
 
 
-def _norm(shape: LeanShape, x: Tensor, weight: Tensor) -> Tensor:
-    """RMSNorm over the last dimension: fused, or exact mode's Hugging Face arithmetic (float32, then the
-    weight times the normalised input cast back)."""
+def _norm(shape: LeanShape, x: Tensor, weight: Tensor, eps: float | None = None) -> Tensor:
+    """RMSNorm over the last dimension (`eps`: the layer norm's, `shape.eps`, unless given): fused, or exact
+    mode's Hugging Face arithmetic (float32, then the weight times the normalised input cast back)."""
+    eps = shape.eps if eps is None else eps
     if not shape.exact:
-        return F.rms_norm(x, (x.shape[-1],), weight, shape.eps)
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     z = x.float()
-    z = z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + shape.eps)
+    z = z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + eps)
     return weight * z.to(x.dtype)
 
 
@@ -445,6 +445,15 @@ def _fused(layer: Layer) -> Layer:
     return tuple(out)
 
 
+def _exact_layer(layer: Layer) -> Layer:
+    """`layer` for exact mode's step: each projection weight by `exact.packed_or_plain` (the trainer's
+    kernel, unfused), a MoE block called inside `exact.under_kernels` (the trainer's expert products)."""
+    *tensors, sparse = layer
+    packed = (exact.packed_or_plain(t.detach()) if i in _PACKED_FIELDS and t is not None else t
+              for i, t in enumerate(tensors))  # fmt: skip
+    return (*packed, None if sparse is None else exact.under_kernels(sparse))
+
+
 def _product_of(shape: LeanShape) -> Callable[[Tensor, Tensor, Tensor | None], Tensor]:
     """The step's products: `_product`, or exact mode's (`exact.product`, the trainer's kernel)."""
     return exact.product if shape.exact else _product
@@ -525,12 +534,8 @@ class LeanDecoder:
         """(embedding, layers, final norm, head): the module's tensors now, packed where `pack` says."""
         base = self.model.model
         layers, head = tuple(_layer(layer) for layer in base.layers), self.model.lm_head.weight
-        if self.shape.exact:  # the trainer's kernel per projection, unfused (`exact.packed_or_plain`)
-            layers = tuple(
-                tuple(exact.packed_or_plain(t.detach()) if i in _PACKED_FIELDS and t is not None else t
-                      for i, t in enumerate(layer))
-                for layer in layers
-            )  # fmt: skip
+        if self.shape.exact:  # the trainer's kernels: per projection, unfused; a MoE block in its mode
+            layers = tuple(_exact_layer(layer) for layer in layers)
             return base.embed_tokens.weight, layers, base.norm.weight, exact.packed_or_plain(head.detach())
         if self.pack and can_pack(head):
             layers, head = pack_weights(layers, head)

@@ -268,10 +268,10 @@ class NativeEngine:
         self.model.eval()
         if self._tap is not None:
             self._tap.set_replay(None)  # whatever replay a trainer forward on this module left set
-        routes = _RouteLog(self._tap, prompts, sampling) if self._record else None
+        decoded = align_prompts(prompts) if exact_block(self.model) else prompts  # exact: whole blocks
+        routes = _RouteLog(self._tap, prompts, sampling, decoded["input_ids"].shape[1]) if self._record else None
         try:
             with torch.no_grad(), routes or contextlib.nullcontext():
-                decoded = align_prompts(prompts) if exact_block(self.model) else prompts
                 tokens, logprobs, lengths, reasons = self._decode(decoded, sampling, generator, routes)
         finally:
             self.model.train(was_training)
@@ -469,8 +469,10 @@ class _RouteLog:
     """The experts a mixture of experts routed each token of one `generate` call to (`record_routes`):
     a context that traces the routers, and after each forward files its routes by output row."""
 
-    def __init__(self, tap: RouterTap, prompts: Batch, sp: SamplingParams) -> None:
-        self.tap, self.n, self.p = tap, sp.n, prompts["input_ids"].shape[1]
+    def __init__(self, tap: RouterTap, prompts: Batch, sp: SamplingParams, width: int) -> None:
+        """`width`: the prompt columns each prefill runs (more than `prompts`' in exact mode, whose extra
+        leading padding columns are dropped from the log)."""
+        self.tap, self.n, self.p, self.width = tap, sp.n, prompts["input_ids"].shape[1], width
         rows, shape = len(prompts) * sp.n, (tap.layers, tap.top_k)
         self.prompt = torch.full((rows, self.p, *shape), -1, dtype=torch.int16)
         self.response = torch.full((rows, sp.max_tokens, *shape), -1, dtype=torch.int16)
@@ -487,8 +489,8 @@ class _RouteLog:
     def prefilled(self, rows: Tensor, sampled: int) -> None:
         """A prefill of the prompts (+ the first `sampled` tokens) of output rows `rows`, or of each
         prompt once for its n samples (fewer prefilled rows than `rows`)."""
-        routes = self.trace.take(self.tap.layers).cpu().to(torch.int16)  # (R * (p + sampled), L, k)
-        routes = routes.view(-1, self.p + sampled, *routes.shape[1:])  # (R, p + sampled, L, k)
+        routes = self.trace.take(self.tap.layers).cpu().to(torch.int16)  # (R * (width + sampled), L, k)
+        routes = routes.view(-1, self.width + sampled, *routes.shape[1:])[:, self.width - self.p :]
         if routes.shape[0] != len(rows):  # one prefill per prompt, shared by its n samples
             routes = routes.repeat_interleave(self.n, dim=0)
         self.prompt[rows] = routes[:, : self.p]

@@ -220,6 +220,8 @@ def _check_exact(cfg: Config) -> None:
     need(r.engine == "native", EXACT_VLLM)
     need(t.tp == 1 and t.sp == 1, f"--rollout.exact with --trainer.tp {t.tp} --trainer.sp {t.sp}: tensor and "
          "sequence parallelism split a reduction across ranks, which the sampler does in one; use tp 1, sp 1")  # fmt: skip
+    need(t.ep == 1, f"--rollout.exact with --trainer.ep {t.ep}: expert-parallel experts multiply by another path "
+         "(an all-to-all, then per-expert products) than the sampler's grouped products, not proven equal; use ep 1")  # fmt: skip
     need(not r.compile, "--rollout.exact with --rollout.compile: exact mode decodes with the Hugging Face "
          "step, which it does not compile; drop one")  # fmt: skip
     need(not r.multi_turn, "--rollout.exact with the agent loop (--rollout.max-turns / env / tools): each "

@@ -39,10 +39,12 @@ def exact_policy(path: str, dtype: str):
     return make_exact(model.to(DTYPES[dtype]).eval()), tokenizer
 
 
-def rollout(path: str, dtype: str, prompts: list[str], n: int, max_tokens: int, seed: int) -> Batch:
+def rollout(
+    path: str, dtype: str, prompts: list[str], n: int, max_tokens: int, seed: int, record_routes: bool = False
+) -> Batch:
     model, tokenizer = exact_policy(path, dtype)
     rows = [Row(data_source="x", prompt=[{"role": "user", "content": p}]) for p in prompts]
-    engine = NativeEngine(model, tokenizer)
+    engine = NativeEngine(model, tokenizer, record_routes=record_routes)
     return engine.generate(
         make_prompt_batch(rows, tokenizer), SamplingParams(n=n, max_tokens=max_tokens, seed=seed)
     )
@@ -51,6 +53,8 @@ def rollout(path: str, dtype: str, prompts: list[str], n: int, max_tokens: int, 
 def left_padded(batch: Batch, extra: int) -> Batch:
     """`batch` with `extra` more padding columns before its prompts."""
     pads = {k: torch.nn.functional.pad(batch[k], (extra, 0)) for k in ("input_ids", "attention_mask")}
+    if "prompt_routes" in batch:  # (b, p, L, k): none on padding
+        pads["prompt_routes"] = torch.nn.functional.pad(batch["prompt_routes"], (0, 0, 0, 0, extra, 0), value=-1)
     return batch.with_(**pads, overwrite=True)
 
 
@@ -117,6 +121,13 @@ def test_smollm2_log_probs_are_the_same_bits_in_every_arrangement(dtype, how):
     assert_bitwise(batch, rescored(path, dtype, batch, how))
 
 
+def differing(path: str) -> int:
+    """How many sampled tokens of one fixed fp32 engine batch the trainer scores otherwise."""
+    batch = rollout(path, "fp32", PROMPTS[:8], 4, 24, 0)
+    logprobs, _ = compute_logprobs(exact_policy(path, "fp32")[0], batch)
+    return int(((batch["rollout_logprobs"] != logprobs) & (batch["response_mask"] != 0)).sum())
+
+
 def _break_scores(monkeypatch) -> None:
     monkeypatch.setattr(
         exact, "_matmul", lambda a, b: a @ b
@@ -145,14 +156,9 @@ def test_one_path_changed_and_the_log_probs_differ(breaking, monkeypatch):
     sgemm while the engine's are oneDNN's; the engine's prompts not laid out in whole blocks): the engine
     and the trainer disagree again, so the tests above can fail."""
 
-    def differing() -> int:
-        batch = rollout("builtin:tiny-reverse", "fp32", PROMPTS[:8], 4, 24, 0)
-        logprobs, _ = compute_logprobs(exact_policy("builtin:tiny-reverse", "fp32")[0], batch)
-        return int(((batch["rollout_logprobs"] != logprobs) & (batch["response_mask"] != 0)).sum())
-
-    assert differing() == 0
+    assert differing("builtin:tiny-reverse") == 0
     breaking(monkeypatch)
-    assert differing() > 0
+    assert differing("builtin:tiny-reverse") > 0
 
 
 def test_products_run_on_at_least_min_rows_and_silu_is_exact():
@@ -182,7 +188,37 @@ def test_prompts_are_laid_out_in_whole_blocks():
     assert out["input_ids"].shape == (2, BLOCK) and int(out["attention_mask"][:, : BLOCK - 5].sum()) == 0
 
 
-def test_a_mixture_of_experts_is_refused_in_one_line():
-    model, _ = load_policy("builtin:tiny-moe")
-    with pytest.raises(ValueError, match=r"^exact mode: a mixture of experts is not covered yet$"):
-        make_exact(model)
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@settings(SETTINGS, max_examples=15)
+@given(
+    prompts=st.lists(st.sampled_from(PROMPTS), min_size=1, max_size=6),
+    n=st.integers(1, 3),
+    max_tokens=st.integers(1, 24),
+    seed=st.integers(0, 1000),
+    replay=st.booleans(),
+    how=arrangements,
+)
+def test_moe_log_probs_are_the_same_bits_in_every_arrangement(dtype, prompts, n, max_tokens, seed, replay, how):
+    """A mixture of experts (tiny-moe, Qwen3-MoE: grouped expert products, q/k norms): the same bits in every
+    arrangement, with the engine's recorded routes replayed by the trainer (their prompt columns laid out
+    in whole blocks like the tokens) or routed by the trainer's own routers."""
+    batch = rollout("builtin:tiny-moe", dtype, prompts, n, max_tokens, seed, record_routes=replay)
+    if replay:
+        routes = batch["prompt_routes"]
+        assert routes.shape[1] == batch["input_ids"].shape[1] and bool((routes >= 0).any())
+    assert_bitwise(batch, rescored("builtin:tiny-moe", dtype, batch, how))
+
+
+def test_moe_expert_products_by_their_own_kernel_differ(monkeypatch):
+    """Without the grouped expert products' handler (each expert's rows by MKL at their own row count) the
+    engine's few-row decode products and the trainer's differ: the MoE test above can fail."""
+
+    assert differing("builtin:tiny-moe") == 0
+    monkeypatch.delitem(exact._HANDLERS, torch.ops.aten._grouped_mm.default)
+    assert differing("builtin:tiny-moe") > 0
+
+
+def test_a_grouped_product_that_is_not_experts_is_refused():
+    a, b = torch.randn(4, 8), torch.randn(2, 8, 3)  # b is no transposed (G, N, K) weight
+    with exact.ExactKernels(), pytest.raises(NotImplementedError, match="not a mixture of experts"):
+        torch._grouped_mm(a, b, offs=torch.tensor([2, 4], dtype=torch.int32))

@@ -263,8 +263,6 @@ CASES = [  # (case, flags, the error line after "error: ")
     ("exact with the agent loop", ["--rollout.exact", "--rollout.max-turns", "2"],
      "--rollout.exact with the agent loop (--rollout.max-turns / env / tools): each turn is prefilled in its own "
      "layout, which is not the trainer's yet; use single-turn rollouts"),
-    ("exact with a mixture of experts", ["--rollout.exact", "--model.path", "builtin:tiny-moe"],
-     "--rollout.exact with --model.path builtin:tiny-moe: exact mode: a mixture of experts is not covered yet"),
     ("output directory is a file", ["--out-dir", "{d}/a_file"],
      "--out-dir {d}/a_file: exists and is not a directory; give a new or an existing run directory"),
 ]  # fmt: skip

@@ -58,3 +58,18 @@ def test_the_real_model_has_no_gap_and_without_the_flag_it_returns(tmp_path):
     assert gaps(tmp_path / "exact") == [0.0] * 5
     default = gaps(tmp_path / "default")
     assert len(default) == 2 and all(g > 0 for g in default), default
+
+
+def test_a_mixture_of_experts_with_routes_replayed_has_no_gap(tmp_path):
+    """tiny-moe (Qwen3-MoE) with the engine's routes recorded and replayed by the trainer (R3): the gap is 0.0
+    at every step, and every token of every update's first pass routes as the engine did."""
+    run = ["grpo", *SMALL, "--model.path", "builtin:tiny-moe", "--algo.router-replay", "replay", "--trainer.steps",
+           "3", "--trainer.val-every", "0"]  # fmt: skip
+    ok(train(*run, *EXACT, out=tmp_path / "exact"))
+    ok(train(*run, out=tmp_path / "default"))
+    assert gaps(tmp_path / "exact") == [0.0] * 3
+    agreement = [r["rollout/router_agreement_min"] for r in read_metrics(tmp_path / "exact" / "metrics.jsonl")
+                 if "rollout/router_agreement_min" in r]  # fmt: skip
+    assert agreement == [1.0] * 3
+    default = gaps(tmp_path / "default")
+    assert len(default) == 3 and all(g > 0 for g in default), default
