@@ -34,7 +34,8 @@ experiments/README.md, issue 41); what exact mode does about each:
   whose exp is position-invariant (measured).
 - RMSNorm (the Hugging Face arithmetic, which the lean step copies in exact mode), embedding, log-softmax
   over the vocabulary, elementwise add/mul: measured row-invariant as they are.
-The backward keeps its kernels (gradients need no invariance).
+The backward keeps its kernels (gradients need no invariance): the products' own, and for attention
+plain attention's, recomputed by sdpa from q, k and v (`_ExactAttend`).
 
 Not covered (refused in one line by the trainer's preflight or `make_exact`): tensor and sequence
 parallelism (they split a reduction across ranks), expert parallelism (its experts multiply by another
@@ -48,6 +49,7 @@ as vLLM's batch-invariant mode does on Hopper), and `attend` is already fixed ke
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -107,15 +109,36 @@ def _pad_rows(x: Tensor, dim: int) -> Tensor:
 def packed_or_plain(weight: Tensor) -> Tensor:
     """`weight` in oneDNN's packed layout (`rlcore.models.onednn`: a row's result then depends on that row
     alone, from 2 rows up, and it is faster than MKL's sgemm at every row count measured), or `weight`
-    itself where it does not pack or oneDNN has no kernel for its shape (tried once on MIN_ROWS rows)."""
-    if not can_pack(weight):
+    itself where it does not pack or oneDNN has no kernel for its shape (`_packs`)."""
+    if not can_pack(weight) or not _packs(tuple(weight.shape), weight.dtype, weight.device):
         return weight
-    packed = pack(weight)
+    return pack(weight)
+
+
+@functools.cache
+def _packs(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether oneDNN has a packed kernel for such a weight (tried once on MIN_ROWS rows; e.g. a LoRA
+    factor of rank 8 in bf16 has none)."""
+    weight = torch.zeros(shape, dtype=dtype, device=device)
     try:
-        packed_linear(weight.new_zeros((MIN_ROWS, weight.shape[1])), packed, None)
-    except RuntimeError:  # e.g. a LoRA factor of rank 8 in bf16
-        return weight
-    return packed
+        packed_linear(weight.new_zeros((MIN_ROWS, shape[1])), pack(weight), None)
+    except RuntimeError:
+        return False
+    return True
+
+
+@functools.cache
+def stacks_exactly(k: int, widths: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether `product` by weights of `widths` rows (each k wide) stacked into one gives, column for column,
+    the same bits as the product by each: the lean step then fuses q/k/v and gate/up as the default step
+    does, while the trainer multiplies them apart. oneDNN's reduction order over k does not depend on the
+    column count (measured for every shape tried); checked here once per shape, on MIN_ROWS rows (a row's
+    result does not depend on the row count, `product`)."""
+    generator = torch.Generator(device).manual_seed(0)
+    weights = [torch.randn((n, k), generator=generator, device=device).to(dtype) for n in widths]
+    x = torch.randn((MIN_ROWS, k), generator=generator, device=device).to(dtype)
+    stacked = product(x, packed_or_plain(torch.cat(weights)))
+    return torch.equal(stacked, torch.cat([product(x, packed_or_plain(w)) for w in weights], dim=-1))
 
 
 def product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -287,8 +310,36 @@ def exact_attention(
     (b, kvh, L, d), a bool mask (b, 1, q, L) or None (plain causal) -> ((b, q, h, d), None)."""
     q_len, d = query.shape[2:]
     allowed = _allowed(attention_mask, q_len, key.shape[2], query.device)
-    out = attend(query, key, value, allowed, d**-0.5 if scaling is None else scaling)  # (b, h, q, d)
+    scale = d**-0.5 if scaling is None else scaling
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+        out = _ExactAttend.apply(query, key, value, allowed, scale)
+    else:
+        out = attend(query, key, value, allowed, scale)  # (b, h, q, d)
     return out.transpose(1, 2).contiguous(), None
+
+
+class _ExactAttend(torch.autograd.Function):
+    """`attend` forward; the backward of plain attention (sdpa), recomputed from q, k and v: gradients need
+    no invariance, and autograd through `attend`'s per-block products and slices cost more than the
+    forward (measured: a zero-filled gradient of the whole weights tensor per key block)."""
+
+    @staticmethod
+    def forward(ctx: Any, query: Tensor, key: Tensor, value: Tensor, allowed: Tensor, scale: float) -> Tensor:
+        ctx.save_for_backward(query, key, value, allowed)
+        ctx.scale = scale
+        return attend(query, key, value, allowed, scale)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        query, key, value, allowed = ctx.saved_tensors
+        allowed = allowed | ~allowed.any(dim=-1, keepdim=True)  # a query that sees nothing: output 0, grad 0
+        with torch.enable_grad():
+            q, k, v = (t.detach().requires_grad_(t.requires_grad) for t in (query, key, value))
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=ctx.scale,
+                                                 enable_gqa=q.shape[1] != k.shape[1])  # fmt: skip
+            wanted = [t for t in (q, k, v) if t.requires_grad]
+            grads = iter(torch.autograd.grad(out, wanted, grad))
+        return (*(next(grads) if t.requires_grad else None for t in (q, k, v)), None, None)
 
 
 def attend(query: Tensor, key: Tensor, value: Tensor, allowed: Tensor, scale: float) -> Tensor:
@@ -297,28 +348,44 @@ def attend(query: Tensor, key: Tensor, value: Tensor, allowed: Tensor, scale: fl
     query (b, h, q, d), key and value (b, kvh, L, d) (views of a cache are read in place), allowed
     (b or 1, 1, q, L) bool. Computed in float32; query heads grouped over their kv head (GQA) without
     repeating the keys. Each block of BLOCK keys is one product of inner size BLOCK (the last one padded
-    with zeros), its weights' sum one sum of BLOCK terms; the blocks are folded in order (`_fold`)."""
+    with zeros), its weights' sum one sum of BLOCK terms; the blocks are folded in order. A block's
+    product runs only on the queries from the first to the last that sees one of its keys (`_seen`):
+    the others' weights there are exact zeros, which add nothing (a causal forward skips half)."""
     b, h, q_len, d = query.shape
     kvh, kv_len = key.shape[1], key.shape[2]
-    g, full = h // kvh, kv_len // BLOCK * BLOCK
-    blocks = -(-kv_len // BLOCK)
-    q = query.float().reshape(b, kvh, g * q_len, d)  # (b, kvh, g q, d): a kv head's query heads
-    scores = _matmul(q, key.float().transpose(-1, -2)).view(b, kvh, g, q_len, kv_len) * scale
-    scores = scores.masked_fill(~allowed[:, :, None], float("-inf"))
+    g, blocks = h // kvh, -(-kv_len // BLOCK)
+    q = (query.float() * scale).reshape(b, kvh, g * q_len, d)  # (b, kvh, g q, d): a kv head's query heads
+    scores = _matmul(q, key.float().transpose(-1, -2)).view(b, kvh, g, q_len, kv_len)
+    scores.masked_fill_(~allowed[:, :, None], float("-inf"))
     top = scores.amax(dim=-1, keepdim=True)  # exact in any order
     top = torch.where(torch.isfinite(top), top, 0.0)  # a query that sees nothing gets weights 0
-    weights = nn.functional.pad(torch.exp(scores - top), (0, blocks * BLOCK - kv_len))  # (.., blocks * BLOCK)
-    weights = weights.view(b, kvh, g * q_len, blocks, BLOCK)
+    weights = torch.exp(scores.sub_(top))
     values = value.float()
-    blocked = values[:, :, :full].unflatten(2, (-1, BLOCK))  # (b, kvh, full blocks, BLOCK, d)
-    parts = [_matmul(weights[:, :, :, j], blocked[:, :, j]) for j in range(full // BLOCK)]
-    if full < kv_len:  # the last, partial block: its values padded with zero rows
-        tail = nn.functional.pad(values[:, :, full:], (0, 0, 0, BLOCK - (kv_len - full)))
-        parts.append(_matmul(weights[:, :, :, -1], tail))
-    total = _fold(parts)  # (b, kvh, g q, d): the blocks' products, in order
-    norm = _fold(list(weights.sum(dim=-1, keepdim=True).unbind(3)))  # (b, kvh, g q, 1): their weights' sums
+    if blocks * BLOCK != kv_len:  # the last block padded: weights 0 on zero rows of values
+        weights = nn.functional.pad(weights, (0, blocks * BLOCK - kv_len))
+        values = nn.functional.pad(values, (0, 0, 0, blocks * BLOCK - kv_len))
+    weights = weights.view(b, kvh, g, q_len, blocks, BLOCK)
+    blocked = values.view(b, kvh, blocks, BLOCK, d)
+    total = values.new_zeros((b, kvh, g, q_len, d))
+    for j, (lo, hi) in enumerate(_seen(allowed, blocks)):
+        if hi > lo:  # ((0 + p0) + p1) + ... per query, in block order
+            part = _matmul(weights[:, :, :, lo:hi, j].reshape(b, kvh, g * (hi - lo), BLOCK), blocked[:, :, j])
+            total[:, :, :, lo:hi] += part.view(b, kvh, g, hi - lo, d)
+    sums = weights.sum(dim=-1, keepdim=True).view(b, kvh, g * q_len, blocks, 1)
+    norm = _fold(list(sums.unbind(3))).view(b, kvh, g, q_len, 1)  # the blocks' weight sums, in order
     out = torch.where(norm > 0, total / torch.where(norm > 0, norm, 1.0), 0.0)
-    return out.view(b, kvh, g, q_len, d).reshape(b, h, q_len, d).to(query.dtype)
+    return out.reshape(b, h, q_len, d).to(query.dtype)
+
+
+def _seen(allowed: Tensor, blocks: int) -> list[tuple[int, int]]:
+    """Per key block, (first, last + 1) of the queries that see a key in it in some row ((0, 0): none)."""
+    q_len, kv_len = allowed.shape[-2:]
+    padded = nn.functional.pad(allowed, (0, blocks * BLOCK - kv_len))
+    seen = padded.view(*padded.shape[:-1], blocks, BLOCK).any(dim=-1).flatten(0, -3).any(dim=0)  # (q, blocks)
+    first = seen.int().argmax(dim=0)
+    last = q_len - seen.flip(0).int().argmax(dim=0)
+    any_ = seen.any(dim=0)
+    return list(zip(torch.where(any_, first, 0).tolist(), torch.where(any_, last, 0).tolist(), strict=True))
 
 
 def _register() -> None:

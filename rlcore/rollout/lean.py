@@ -446,12 +446,23 @@ def _fused(layer: Layer) -> Layer:
 
 
 def _exact_layer(layer: Layer) -> Layer:
-    """`layer` for exact mode's step: each projection weight by `exact.packed_or_plain` (the trainer's
-    kernel, unfused), a MoE block called inside `exact.under_kernels` (the trainer's expert products)."""
+    """`layer` for exact mode's step: its projection weights by `exact.packed_or_plain` (the trainer's
+    kernel), q/k/v and gate/up fused where that gives the unfused products' bits (`exact.stacks_exactly`),
+    a MoE block called inside `exact.under_kernels` (the trainer's expert products)."""
+    if all(_stacks_exactly(layer, slots) for slots, _ in _FUSED):
+        layer = _fused(layer)
     *tensors, sparse = layer
     packed = (exact.packed_or_plain(t.detach()) if i in _PACKED_FIELDS and t is not None else t
               for i, t in enumerate(tensors))  # fmt: skip
     return (*packed, None if sparse is None else exact.under_kernels(sparse))
+
+
+def _stacks_exactly(layer: Layer, slots: tuple[int, ...]) -> bool:
+    weights = [layer[i] for i in slots]
+    if any(w is None for w in weights):
+        return True  # nothing to fuse (a MoE layer's MLP)
+    w = weights[0]
+    return exact.stacks_exactly(w.shape[1], tuple(t.shape[0] for t in weights), w.dtype, w.device)
 
 
 def _product_of(shape: LeanShape) -> Callable[[Tensor, Tensor, Tensor | None], Tensor]:

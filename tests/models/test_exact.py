@@ -222,3 +222,29 @@ def test_a_grouped_product_that_is_not_experts_is_refused():
     a, b = torch.randn(4, 8), torch.randn(2, 8, 3)  # b is no transposed (G, N, K) weight
     with exact.ExactKernels(), pytest.raises(NotImplementedError, match="not a mixture of experts"):
         torch._grouped_mm(a, b, offs=torch.tensor([2, 4], dtype=torch.int32))
+
+
+def test_the_backward_is_plain_attentions_with_padded_rows():
+    """The update's backward through exact attention is plain attention's (recomputed by sdpa, `exact.
+    _ExactAttend`): gradients as the default model's to float noise, none NaN where a padded query sees
+    no key; the forward's log-probs are bit for bit the no-grad forward's."""
+    import copy
+
+    torch.manual_seed(0)
+    base, _ = load_policy("builtin:tiny-reverse")
+    plain, exact_model = base.train(), make_exact(copy.deepcopy(base)).train()
+    ids = torch.randint(3, 40, (3, 37))
+    mask = torch.ones_like(ids)
+    mask[0, :20] = 0  # left padding: those queries see no key
+    mask[2, :5] = 0
+    grads = []
+    for model in (plain, exact_model):
+        logits = model(input_ids=ids, attention_mask=mask).logits
+        (logits.float().log_softmax(-1)[mask.bool()].mean()).backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+        if model is exact_model:
+            with torch.no_grad():
+                assert torch.equal(model(input_ids=ids, attention_mask=mask).logits, logits.detach())
+    for name, grad in grads[1].items():
+        assert bool(torch.isfinite(grad).all()), name
+        torch.testing.assert_close(grad, grads[0][name], rtol=1e-4, atol=1e-6, msg=name)
