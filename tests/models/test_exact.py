@@ -248,3 +248,14 @@ def test_the_backward_is_plain_attentions_with_padded_rows():
     for name, grad in grads[1].items():
         assert bool(torch.isfinite(grad).all()), name
         torch.testing.assert_close(grad, grads[0][name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_stacked_products_are_checked_before_the_lean_step_fuses_them(monkeypatch):
+    """q/k/v and gate/up stacked give the separate products' bits (SmolLM2's shapes); a product whose
+    columns depended on how many there are would be caught, and the step would not fuse."""
+    cpu = torch.device("cpu")
+    assert exact.stacks_exactly(576, (576, 192, 192), torch.float32, cpu)
+    assert exact.stacks_exactly(576, (1536, 1536), torch.bfloat16, cpu)
+    plain = exact.product
+    monkeypatch.setattr(exact, "product", lambda x, w, b=None: plain(x, w, b) * (1 + 1e-3 * (w.shape[0] > 600)))
+    assert not exact.stacks_exactly.__wrapped__(576, (576, 192, 192), torch.float32, cpu)
