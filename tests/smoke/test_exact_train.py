@@ -2,7 +2,8 @@
 
 `rollout/logprob_diff_max` (the largest |engine - trainer| log-prob of a sampled token, the max over ranks)
 must be 0.0 at every step: on the default task, with LoRA, bf16 weights and the old-log-prob pass bypassed,
-under torchrun (FSDP2, 2 gloo ranks), and on SmolLM2-135M's real weights. The same runs without the flag
+under torchrun (FSDP2, 2 gloo ranks), with the engine on its own rank (split placement), on a
+mixture of experts with its routes replayed, and on SmolLM2-135M's real weights. The same runs without the flag
 show the gap they have today (not 0), so a 0 here is the mode's doing.
 """
 
@@ -73,3 +74,15 @@ def test_a_mixture_of_experts_with_routes_replayed_has_no_gap(tmp_path):
     assert agreement == [1.0] * 3
     default = gaps(tmp_path / "default")
     assert len(default) == 3 and all(g > 0 for g in default), default
+
+
+def test_split_placement_has_no_gap(tmp_path):
+    """The engine on its own rank (split placement, weights pushed to its copy after each update): its
+    copy is exact too, and the trainer's log-probs equal its samples' bit for bit at every step."""
+    from tests.smoke.test_split import split
+
+    ok(split(*EXACT, out=tmp_path / "exact", timeout=600))
+    ok(split(out=tmp_path / "default", timeout=600))
+    assert gaps(tmp_path / "exact") == [0.0] * 4
+    default = gaps(tmp_path / "default")
+    assert len(default) == 4 and all(g > 0 for g in default), default
