@@ -12,8 +12,9 @@ experiments/README.md, issue 41); what exact mode does about each:
   decode step multiplied by oneDNN's packed kernel, which sums in another order again. Exact mode runs
   every product through one kernel on both sides (`product`): oneDNN's packed product (a weight packed once
   per trainer forward and per `generate`; row-invariant from 2 rows, and faster than MKL's sgemm at every
-  row count measured) on at least `MIN_ROWS` rows. Inside the trainer's Hugging Face forward the `mm`/`addmm` of a weight are routed
-  there by a `TorchDispatchMode` (`ExactKernels`), which the model's own forward hooks enter and leave.
+  row count measured) on at least `MIN_ROWS` rows. Inside the trainer's Hugging Face forward the
+  `mm`/`addmm` of a weight are routed there by a `TorchDispatchMode` (`ExactKernels`), which the model's
+  own forward hooks enter and leave.
   A mixture of experts' grouped products (`_grouped_mm`, each expert on its tokens: few rows each) run
   expert by expert through the same `product` (measured before: 2.5e-6 fp32, 0.10 bf16 on tiny-moe); the
   lean step calls a MoE block inside an `ExactKernels` of its own (`under_kernels`), so the engine's
@@ -22,14 +23,20 @@ experiments/README.md, issue 41); what exact mode does about each:
   runs one function (`attend`, registered with transformers as "rlcore_exact") for prefill, decode and
   training: scores by products of at least MIN_ROWS rows (a reduction over the head dimension only), a
   softmax whose max is exact in any order, and the weighted sum of values in fixed blocks of `BLOCK` keys,
-  each block one product of inner size BLOCK, the blocks folded in order (`_fold`, a sequential sum:
-  masked blocks add exact zeros), the normaliser summed block by block alike. The blocks sit at the same
+  each block one product of inner size BLOCK, the blocks folded in order (a sequential sum: masked blocks
+  add exact zeros), the normaliser summed block by block alike. A vision tower's full (not causal)
+  attention over one image runs through it too. The blocks sit at the same
   place relative to a sequence's tokens on both sides because both lay a prompt out ending on a multiple
   of BLOCK columns (`align_prompts`; a packed row puts each prompt's end and each response's start on a
   multiple, `rlcore.models.shared_prompt.pack_plan`).
 - rotary positions: `cos`/`sin` take a scalar path for the elements that end a vectorised run, so a
   position's value depends on the tensor's size. Exact mode looks them up in one table built in fixed
-  pieces (`RotaryTable`), read by the trainer's forward and the lean step alike.
+  pieces (`RotaryTable`), read by the trainer's forward and the lean step alike; multimodal positions
+  (M-RoPE) read each column at its own component's position.
+- vision towers (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): run one image at a time (`_per_image`), so an image's
+  features are computed in the same shapes whichever images share the forward (its patch embedding's
+  convolution, rotary table and activations are not otherwise covered); measured 0 apart with the
+  other pieces alone at the sizes tried, kept so by construction.
 - SiLU: likewise 1 ulp between the vectorised and the scalar path; exact mode computes x / (1 + exp(-x)),
   whose exp is position-invariant (measured).
 - RMSNorm (the Hugging Face arithmetic, which the lean step copies in exact mode), embedding, log-softmax
@@ -39,8 +46,8 @@ plain attention's, recomputed by sdpa from q, k and v (`_ExactAttend`).
 
 Not covered (refused in one line by the trainer's preflight or `make_exact`): tensor and sequence
 parallelism (they split a reduction across ranks), expert parallelism (its experts multiply by another
-path), vision-language models (not measured), vLLM (no batch-invariant mode on CPU), the agent loop (each
-turn is prefilled in its own layout), autocast (the engine does not autocast).
+path), vLLM (no batch-invariant mode on CPU), the agent loop (each turn is prefilled in its own layout),
+autocast (the engine does not autocast).
 
 On CUDA the same seams take batch-invariant kernels (experiments/README.md, issue 41, "GPU plan"): `product`
 would call fixed-tile, no-split-K GEMMs (`sgemm-bi`'s `deterministic_linear`, or cuBLASLt with split-K off,
@@ -60,6 +67,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from rlcore.batch import Batch
 from rlcore.models.onednn import can_pack, pack, packed_linear
+from rlcore.models.vision import vision_tower
 
 BLOCK = 16
 """Keys per block of `exact_attention`'s weighted sum (one product of inner size BLOCK each), and the
@@ -95,6 +103,8 @@ def align_prompts(batch: Batch) -> Batch:
               if k in batch}  # fmt: skip
     if "prompt_routes" in batch:  # (b, p, L, k): none recorded on padding
         fields["prompt_routes"] = nn.functional.pad(batch["prompt_routes"], (0, 0, 0, 0, extra, 0), value=-1)
+    if "rope_positions" in batch:  # (b, 3, p): a vision-language prompt's M-RoPE positions, 0 on padding
+        fields["rope_positions"] = nn.functional.pad(batch["rope_positions"], (extra, 0))
     return batch.with_(**fields, overwrite=True)
 
 
@@ -287,11 +297,14 @@ class ExactKernels(TorchDispatchMode):
         return handler(self, func, *args, **(kwargs or {}))
 
 
-def _allowed(mask: Tensor | None, q_len: int, kv_len: int, device: torch.device) -> Tensor:
+def _allowed(mask: Tensor | None, q_len: int, kv_len: int, device: torch.device, causal: bool = True) -> Tensor:
     """(b or 1, 1, q_len, kv_len) bool: where a query may see a key. transformers passes None for a plain
-    causal layout whose queries are the last `q_len` positions."""
+    causal layout whose queries are the last `q_len` positions, or for a vision tower's full attention
+    over one image (`causal` False)."""
     if mask is not None:
         return mask if mask.dtype == torch.bool else mask == 0
+    if not causal:
+        return torch.ones((1, 1, q_len, kv_len), dtype=torch.bool, device=device)
     rows = torch.arange(q_len, device=device)[:, None] + (kv_len - q_len)
     return (torch.arange(kv_len, device=device)[None, :] <= rows)[None, None]
 
@@ -309,7 +322,8 @@ def exact_attention(
     """`attend` as transformers calls an attention function: query (b, h, q, d), key and value
     (b, kvh, L, d), a bool mask (b, 1, q, L) or None (plain causal) -> ((b, q, h, d), None)."""
     q_len, d = query.shape[2:]
-    allowed = _allowed(attention_mask, q_len, key.shape[2], query.device)
+    causal = kwargs.get("is_causal", getattr(module, "is_causal", True))
+    allowed = _allowed(attention_mask, q_len, key.shape[2], query.device, causal=causal is not False)
     scale = d**-0.5 if scaling is None else scaling
     if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
         out = _ExactAttend.apply(query, key, value, allowed, scale)
@@ -405,38 +419,65 @@ class RotaryTable:
     time by the module's own forward (float32), so that a position's values are the same bits whatever
     else a forward holds (`cos`/`sin` take another path for the elements that end a vectorised run, and
     where those fall depends on the tensor's size). Replaces the module's forward (`make_exact`), so the
-    trainer's forward and the lean step's table (`rlcore.rollout.lean`) read the same values."""
+    trainer's forward and the lean step's table (`rlcore.rollout.lean`) read the same values.
+
+    Multimodal positions (M-RoPE: position_ids (c, b, s), one component per time, height and width) read
+    each column of the table at the position of the component that owns it (`owners`)."""
 
     def __init__(self, rotary: nn.Module) -> None:
         self.compute = rotary.forward  # the original, bound
         self.cos: Tensor | None = None  # (positions, d) float32
         self.sin: Tensor | None = None
+        self.owner: Tensor | None = None  # (d,) long: the M-RoPE component each column reads
 
     def __call__(self, x: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
-        need = int(position_ids.max()) + 1 if position_ids.numel() else 0
+        self._grow(int(position_ids.max()) + 1 if position_ids.numel() else 0, x.device)
+        assert self.cos is not None and self.sin is not None
+        if position_ids.dim() == 2:
+            return self.cos[position_ids].to(x.dtype), self.sin[position_ids].to(x.dtype)
+        owner = self.owners(position_ids.shape[0], x.device)
+        index = position_ids[owner].permute(1, 2, 0).reshape(-1, owner.shape[0])  # (b s, d)
+        b, s = position_ids.shape[1:]
+        cos, sin = (t.gather(0, index).view(b, s, -1).to(x.dtype) for t in (self.cos, self.sin))
+        return cos, sin
+
+    def _grow(self, need: int, device: torch.device) -> None:
         while self.cos is None or self.cos.shape[0] < need:
             start = 0 if self.cos is None else self.cos.shape[0]
-            piece = torch.arange(start, start + ROPE_CHUNK, device=x.device)[None]
-            cos, sin = self.compute(x.new_zeros((), dtype=torch.float32), piece)
+            piece = torch.arange(start, start + ROPE_CHUNK, device=device)[None]
+            cos, sin = self.compute(torch.zeros((), dtype=torch.float32, device=device), piece)
             self.cos = cos[0] if self.cos is None else torch.cat([self.cos, cos[0]])
             self.sin = sin[0] if self.sin is None else torch.cat([self.sin, sin[0]])
-        return self.cos[position_ids].to(x.dtype), self.sin[position_ids].to(x.dtype)
+
+    def owners(self, components: int, device: torch.device) -> Tensor:
+        """(d,) long: which of `components` position components each column's angle comes from, found by
+        moving one component at a time (its columns' sines leave 0)."""
+        if self.owner is None:
+            moved = []
+            for c in range(components):
+                position = torch.zeros((components, 1, 1), dtype=torch.long, device=device)
+                position[c] = 1
+                _, sin = self.compute(torch.zeros((), dtype=torch.float32, device=device), position)
+                moved.append(sin.reshape(-1) != 0)
+            moved_by = torch.stack(moved)  # (components, d)
+            if not bool((moved_by.sum(dim=0) == 1).all()):
+                raise ValueError("exact mode: a rotary embedding whose columns mix position components")
+            self.owner = moved_by.int().argmax(dim=0)
+        return self.owner
 
 
 def _rotary(model: nn.Module) -> nn.Module | None:
+    """The language model's rotary embedding (`model.model.rotary_emb`, or a vision-language model's
+    `model.model.language_model.rotary_emb`), or None."""
     base = getattr(model, "model", None)
-    return getattr(base, "rotary_emb", None)
+    return getattr(base, "rotary_emb", None) or getattr(getattr(base, "language_model", None), "rotary_emb", None)
 
 
 def why_not_exact(model: nn.Module) -> str | None:
     """Why exact mode cannot run `model` (one phrase), or None."""
-    from rlcore.models.vision import placeholder_ids
-
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "_attn_implementation"):
         return f"{type(model).__name__} is not a transformers model"
-    if placeholder_ids(model):
-        return "a vision-language model is not covered yet"
     if _rotary(model) is None:
         return f"{type(model).__name__} has no .model.rotary_emb (a <Type>ForCausalLM with rotary positions)"
     return None
@@ -454,6 +495,9 @@ def make_exact(model: nn.Module) -> nn.Module:
     model.set_attn_implementation(EXACT_ATTENTION)
     rotary = _rotary(model)
     rotary.forward = RotaryTable(rotary)
+    tower = vision_tower(model)
+    if tower is not None:
+        tower.forward = _per_image(tower.forward)
     modes: list[ExactKernels] = []  # one per forward in flight (fresh packs each time)
 
     def enter(*_: Any) -> None:
@@ -466,6 +510,27 @@ def make_exact(model: nn.Module) -> nn.Module:
     model.register_forward_pre_hook(enter)
     model.register_forward_hook(leave, always_call=True)
     return model
+
+
+def _per_image(encode: Callable[..., Any]) -> Callable[..., Any]:
+    """A vision tower's forward run one image at a time, its outputs concatenated as the tower's own: an
+    image's features are then computed in the same shapes whichever images share its forward (the
+    tower's patch rotary table, its activations' vectorised tails and its attention's chunks follow the
+    forward's total patch count), so they are the same bits in the engine and in every trainer forward."""
+
+    def call(pixel_values: Tensor, grid_thw: Tensor, **kwargs: Any) -> Any:
+        patches = grid_thw.prod(dim=-1).tolist()
+        outs = [encode(x, grid_thw=g[None], **kwargs) for x, g in zip(pixel_values.split(patches), grid_thw, strict=True)]
+        return outs[0] if len(outs) == 1 else type(outs[0])(**{k: _joined([o[k] for o in outs]) for k in outs[0]})
+
+    return call
+
+
+def _joined(parts: list[Any]) -> Any:
+    """Per-image outputs as one: tensors concatenated on dim 0, lists of tensors element by element."""
+    if isinstance(parts[0], Tensor):
+        return torch.cat(parts)
+    return type(parts[0])(torch.cat(layer) for layer in zip(*parts, strict=True))
 
 
 def under_kernels(module: nn.Module) -> Callable[..., Any]:
