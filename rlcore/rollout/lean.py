@@ -29,19 +29,14 @@ step is the same arithmetic with nothing around it:
   (bf16 for bf16 weights) with another summation order: logits within 1e-5 of the Hugging Face
   forward's as before.
 
-Covered (`LEAN_MODEL_TYPES`): Llama, Qwen2, Qwen3 (q/k RMSNorm), Mistral, and the mixtures of experts
-with their attention (Qwen2-MoE, Qwen3-MoE, Mixtral; OLMoE normalises q/k over all heads at once and keeps
-the Hugging Face step), as `from_pretrained` builds
-them (`<Type>ForCausalLM` with `.model.layers` and `.lm_head`), every layer full attention, a rotary
-type that does not depend on the sequence length (default, linear, llama3, yarn), plain
-`torch.nn.Linear` projections or peft LoRA linears over them (one active adapter, no DoRA: the step
-adds scale (x A^T) B^T as peft does), and no forward hooks (another wrapper, a quantized or a hooked
-module computes more than its weight); `lean_decoder` returns None otherwise and the engine keeps the Hugging Face step. The logits equal the Hugging Face
-forward's to float32 rounding (tests/test_lean_decode.py: <= 1e-5 at every step).
+Covered: `rlcore.rollout.lean_cover` (`unsupported` says why not; `lean_decoder` then returns None and
+the engine keeps the Hugging Face step). The logits equal the Hugging Face forward's to float32
+rounding (tests/test_lean_decode.py: <= 1e-5 at every step).
 
 In exact mode (`rlcore.models.exact`) the step runs the trainer's arithmetic instead: `exact.product` for
-every product (unfused), the Hugging Face RMSNorm, `exact.attend` over the cache and `exact.silu`, so its
-logits are the trainer's bit for bit (`LeanShape.exact`).
+every product (q/k/v and gate/up fused only where that is checked to give the unfused bits), the Hugging
+Face RMSNorm, `exact.attend` over the cache, `exact.silu`, and a MoE block inside `exact.under_kernels`,
+so its logits are the trainer's bit for bit (`LeanShape.exact`).
 
 A mixture of experts' MoE layers call their router module (its hooks fire as in the Hugging Face step, so
 recorded routes work unchanged), then, packed, run each hit expert's two products on oneDNN-packed copies
@@ -63,13 +58,17 @@ from torch import Tensor
 
 from rlcore.models import exact
 from rlcore.models.onednn import can_pack, pack, packed_linear
+from rlcore.rollout.lean_cover import (
+    LAYER_FIELDS,
+    PROJECTIONS,
+    Layer,
+    get,
+    is_lora,
+    lora_of,
+    sparse_block,
+    unsupported,
+)
 from rlcore.rollout.lean_moe import PackedExperts, as_layer_slot, experts_mlp
-
-LEAN_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "qwen2_moe", "qwen3_moe", "mixtral"})
-"""`config.model_type`s whose decoder layers the lean step reproduces."""
-
-STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
-"""Rotary types whose cos/sin at a position do not depend on the sequence length."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,135 +93,11 @@ class LeanShape:
         return self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim
 
 
-Layer = tuple[Any, ...]
-"""One decoder layer's tensors, in `_LAYER_FIELDS` order (None where a bias, norm or dense MLP is absent),
-then each projection's LoRA (A, B, scale), in `_PROJECTIONS` order (None without an adapter), then the
-layer's sparse MoE block (a module, or a function calling it; None for a dense MLP)."""
-
-_LAYER_FIELDS = (
-    "input_layernorm.weight",
-    "self_attn.q_proj.weight",
-    "self_attn.q_proj.bias",
-    "self_attn.k_proj.weight",
-    "self_attn.k_proj.bias",
-    "self_attn.v_proj.weight",
-    "self_attn.v_proj.bias",
-    "self_attn.q_norm.weight",
-    "self_attn.k_norm.weight",
-    "self_attn.o_proj.weight",
-    "self_attn.o_proj.bias",
-    "post_attention_layernorm.weight",
-    "mlp.gate_proj.weight",
-    "mlp.gate_proj.bias",
-    "mlp.up_proj.weight",
-    "mlp.up_proj.bias",
-    "mlp.down_proj.weight",
-    "mlp.down_proj.bias",
-)
-_PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")  # fmt: skip
-"""The projections, in `lean_step`'s order; a LoRA layer's (A, B, scale) follow the `_LAYER_FIELDS`."""
-
-
-def full_attention_only(config: Any) -> bool:
-    """Whether every layer of `config` is plain full attention (then the preallocated cache fits)."""
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None:
-        return all(t == "full_attention" for t in layer_types)
-    return getattr(config, "sliding_window", None) is None and not getattr(
-        config, "attention_chunk_size", None
-    )
-
-
-def unsupported(model: torch.nn.Module) -> str | None:
-    """Why the lean step cannot run `model` (one phrase), or None when it can."""
-    config = getattr(model, "config", None)
-    model_type = getattr(config, "model_type", None)
-    if model_type not in LEAN_MODEL_TYPES:
-        return f"model_type {model_type!r} is not one of {sorted(LEAN_MODEL_TYPES)}"
-    base, head = getattr(model, "model", None), getattr(model, "lm_head", None)
-    if base is None or head is None or not hasattr(base, "layers") or not hasattr(base, "rotary_emb"):
-        return f"{type(model).__name__} is not a <Type>ForCausalLM with .model.layers and .lm_head"
-    if not full_attention_only(config):
-        return "not every layer is full attention"
-    rope_type = getattr(base.rotary_emb, "rope_type", "default")
-    if rope_type not in STATIC_ROPE_TYPES:
-        return f"rope type {rope_type!r} depends on the sequence length"
-    dense = [layer.mlp for layer in base.layers if _sparse_block(layer) is None]
-    if any(not callable(getattr(mlp, "act_fn", None)) for mlp in dense):
-        return "the MLP has no act_fn"
-    if exact.exact_block(model) is not None and any(_is_lora(m) for m in model.modules()):
-        return "exact mode with LoRA adapters (the trainer adds them in place: the Hugging Face step)"
-    return _plain_modules(model)
-
-
-def _sparse_block(layer: torch.nn.Module) -> torch.nn.Module | None:
-    """The decoder layer's sparse MoE block (an `mlp` with `experts` and no dense `gate_proj`), or None."""
-    mlp = getattr(layer, "mlp", None)
-    return mlp if hasattr(mlp, "experts") and not hasattr(mlp, "gate_proj") else None
-
-
-def _plain_modules(model: torch.nn.Module) -> str | None:
-    """Why the step would not compute what the modules do (a wrapped or hooked projection, e.g. a LoRA
-    or quantized linear, whose forward is more than its weight), or None."""
-    base = model.model
-    paths = sorted({field.rsplit(".", 1)[0] for field in _LAYER_FIELDS})  # the modules the tensors are of
-    found = [(path, _get(layer, path)) for layer in base.layers for path in paths]
-    linears = [model.lm_head] + [m for path, m in found if path.endswith("_proj") and m is not None]
-    norms = [base.norm] + [m for path, m in found if not path.endswith("_proj") and m is not None]
-    for module in linears:
-        why = _lora_problem(module)
-        if why is not None:
-            return why
-        if _is_lora(module):
-            module = module.base_layer
-        if type(module) is not torch.nn.Linear:
-            return f"a projection is a {type(module).__name__}, not a plain torch.nn.Linear"
-    for module in [*linears, *norms, base.embed_tokens, *base.layers]:
-        if module._forward_hooks or module._forward_pre_hooks:
-            return f"{type(module).__name__} has forward hooks"
-    if type(base.embed_tokens) is not torch.nn.Embedding:
-        return f"the embedding is a {type(base.embed_tokens).__name__}"
-    if any(not type(n).__name__.endswith("RMSNorm") for n in norms):
-        return "a norm is not an RMSNorm"
-    return None
-
-
-def _is_lora(module: torch.nn.Module) -> bool:
-    """A peft LoRA `Linear`, or a subclass of one (rlcore's in-place forward), without importing peft."""
-    return any(
-        c.__module__.startswith("peft.tuners.lora") and c.__name__ == "Linear" for c in type(module).__mro__
-    )
-
-
-def _lora_problem(module: torch.nn.Module) -> str | None:
-    """Why a peft LoRA linear is not base + scale B A x (the step's low-rank path), or None (also when
-    `module` is not a LoRA layer)."""
-    if not _is_lora(module):
-        return None
-    active = list(module.active_adapters)
-    if module.merged or module.disable_adapters:
-        return None  # the adapter is already in the weight, or off: the base layer computes it all
-    if len(active) != 1 or getattr(module, "use_dora", {}).get(active[0], False):
-        return "a LoRA projection has several active adapters or DoRA"
-    if module.lora_bias.get(active[0], False) if hasattr(module, "lora_bias") else False:
-        return "a LoRA projection has an adapter bias"
-    return None
-
-
-def _lora(module: Any) -> tuple[Tensor, Tensor, float] | None:
-    """(A, B, scale) of a LoRA projection whose adapter is applied at run time; None otherwise."""
-    if module is None or not _is_lora(module) or module.merged or module.disable_adapters:
-        return None
-    name = module.active_adapters[0]
-    return module.lora_A[name].weight, module.lora_B[name].weight, float(module.scaling[name])
-
-
 def lean_decoder(model: torch.nn.Module, *, compile: bool = False, pack: bool = True) -> LeanDecoder | None:
     """The lean decoder of `model`, or None when `unsupported(model)` says why not (or when `compile` is
     asked of a mixture of experts, whose sparse blocks are modules with hooks: the engine then compiles
     the Hugging Face module)."""
-    if unsupported(model) is not None or (compile and any(map(_sparse_block, model.model.layers))):
+    if unsupported(model) is not None or (compile and any(map(sparse_block, model.model.layers))):
         return None
     return LeanDecoder(model, compile=compile, pack=pack)
 
@@ -230,7 +105,7 @@ def lean_decoder(model: torch.nn.Module, *, compile: bool = False, pack: bool = 
 def _shape(model: torch.nn.Module) -> LeanShape:
     attn = model.model.layers[0].self_attn
     config = model.config
-    dense = [layer.mlp for layer in model.model.layers if _sparse_block(layer) is None]
+    dense = [layer.mlp for layer in model.model.layers if sparse_block(layer) is None]
     act = dense[0].act_fn if dense else torch.nn.SiLU()  # (no dense MLP: unused)
     q_norm = getattr(attn, "q_norm", None)
     is_exact = exact.exact_block(model) is not None
@@ -254,26 +129,18 @@ def _activation(act: Callable[[Tensor], Tensor], *, exact_mode: bool) -> Callabl
     return act
 
 
-def _get(module: torch.nn.Module, path: str) -> Any:
-    """The attribute at dotted `path` below `module`, or None where a part is missing."""
-    obj: Any = module
-    for part in path.split("."):
-        obj = getattr(obj, part, None)
-    return obj
-
-
 def _layer(module: torch.nn.Module) -> Layer:
-    """The layer's tensors (`_LAYER_FIELDS`), then each projection's LoRA (A, B, scale) or None, then its
+    """The layer's tensors (`LAYER_FIELDS`), then each projection's LoRA (A, B, scale) or None, then its
     sparse MoE block or None."""
-    tensors = tuple(_weight(module, field) for field in _LAYER_FIELDS)
-    return (*tensors, *(_lora(_get(module, path)) for path in _PROJECTIONS), _sparse_block(module))
+    tensors = tuple(_weight(module, field) for field in LAYER_FIELDS)
+    return (*tensors, *(lora_of(get(module, path)) for path in PROJECTIONS), sparse_block(module))
 
 
 def _weight(module: torch.nn.Module, field: str) -> Any:
     """The tensor at `field`; a LoRA projection's weight and bias are its base layer's."""
     path, name = field.rsplit(".", 1)
-    owner = _get(module, path)
-    if owner is not None and _is_lora(owner):
+    owner = get(module, path)
+    if owner is not None and is_lora(owner):
         owner = owner.base_layer
     return getattr(owner, name, None) if owner is not None else None
 
@@ -306,8 +173,8 @@ def lean_step(
     cos, sin = rope[:, None, 0], rope[:, None, 1]  # (a, 1, d)
     news = []
     for i, layer in enumerate(layers):
-        n1, wq, bq, wk, bk, wv, bv, qn, kn, wo, bo, n2, wg, bg, wu, bu, wd, bd = layer[: len(_LAYER_FIELDS)]
-        lq, lk, lv, lo, lg, lu, ld, sparse = layer[len(_LAYER_FIELDS) :]
+        n1, wq, bq, wk, bk, wv, bv, qn, kn, wo, bo, n2, wg, bg, wu, bu, wd, bd = layer[: len(LAYER_FIELDS)]
+        lq, lk, lv, lo, lg, lu, ld, sparse = layer[len(LAYER_FIELDS) :]
         h = _norm(shape, x, n1)
         if wk is None:  # q, k and v fused into one weight (pack_weights)
             q, k, v = _linear(h, wq, bq, lq, prod).split(shape.qkv_widths, dim=-1)
@@ -393,7 +260,7 @@ def row_bucket(rows: int) -> int:
     return -(-rows // step) * step
 
 
-_PACKED_FIELDS = frozenset(i for i, f in enumerate(_LAYER_FIELDS) if f.endswith("_proj.weight"))
+_PACKED_FIELDS = frozenset(i for i, f in enumerate(LAYER_FIELDS) if f.endswith("_proj.weight"))
 
 
 def pack_weights(layers: tuple[Layer, ...], head: Tensor) -> tuple[tuple[Layer, ...], Tensor]:
@@ -413,8 +280,8 @@ def pack_weights(layers: tuple[Layer, ...], head: Tensor) -> tuple[tuple[Layer, 
 
 _FUSED = tuple(
     (
-        tuple(_LAYER_FIELDS.index(f"{p}.weight") for p in group),
-        tuple(len(_LAYER_FIELDS) + _PROJECTIONS.index(p) for p in group),
+        tuple(LAYER_FIELDS.index(f"{p}.weight") for p in group),
+        tuple(len(LAYER_FIELDS) + PROJECTIONS.index(p) for p in group),
     )
     for group in (
         ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
@@ -474,14 +341,13 @@ def _linear(
     x: Tensor, w: Tensor, b: Tensor | None, lora: tuple[Tensor, Tensor, float] | None,
     product: Callable[[Tensor, Tensor, Tensor | None], Tensor] = _product,
 ) -> Tensor:  # fmt: skip
-    """x W^T + b (W plain or oneDNN-packed), plus a LoRA adapter's scale (x A^T) B^T (peft's order), by
-    `product` (the adapter's low-rank products by F.linear, or exact mode's product)."""
+    """x W^T + b by `product` (W plain or oneDNN-packed), plus a LoRA adapter's scale (x A^T) B^T (peft's
+    order) by F.linear (exact mode has no adapters here: `lean_cover.unsupported`)."""
     y = product(x, w, b)
     if lora is None:
         return y
     a, b_, scale = lora
-    low = F.linear if product is _product else product
-    return y + low(low(x, a, None), b_, None) * scale
+    return y + F.linear(F.linear(x, a), b_) * scale
 
 
 def _attend(

@@ -66,7 +66,8 @@ from rlcore.models.forward import ROPE_FIELD, VISION_FIELD, vision_inputs
 from rlcore.models.moe import MOE_FAMILIES, RouterTap, router_tap
 from rlcore.models.vision import Images, feeding, placeholder_ids, suppress
 from rlcore.rollout.base import SamplingParams
-from rlcore.rollout.lean import full_attention_only, lean_decoder
+from rlcore.rollout.lean import lean_decoder
+from rlcore.rollout.lean_cover import full_attention_only
 from rlcore.rollout.sampling import check_sampling, sample_tokens
 
 _WRAPPER_PARTS = ("_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
