@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from rlcore.batch import Batch
 from rlcore.data.prompts import make_prompt_batch
 from rlcore.data.rows import Row
-from rlcore.models import exact, load_policy
+from rlcore.models import exact, exact_kernels, load_policy
 from rlcore.models.exact import BLOCK, MIN_ROWS, aligned_prompt_width, make_exact
 from rlcore.models.forward import compute_logprobs
 from rlcore.rollout import NativeEngine, SamplingParams
@@ -141,7 +141,7 @@ def _break_scores(monkeypatch) -> None:
 
 def _break_products(monkeypatch) -> None:
     monkeypatch.delitem(
-        exact._HANDLERS, torch.ops.aten.mm.default
+        exact_kernels._HANDLERS, torch.ops.aten.mm.default
     )  # the trainer's products by MKL, not oneDNN
 
 
@@ -219,7 +219,7 @@ def test_moe_expert_products_by_their_own_kernel_differ(monkeypatch):
     engine's few-row decode products and the trainer's differ: the MoE test above can fail."""
 
     assert differing("builtin:tiny-moe") == 0
-    monkeypatch.delitem(exact._HANDLERS, torch.ops.aten._grouped_mm.default)
+    monkeypatch.delitem(exact_kernels._HANDLERS, torch.ops.aten._grouped_mm.default)
     assert differing("builtin:tiny-moe") > 0
 
 
@@ -262,7 +262,7 @@ def test_stacked_products_are_checked_before_the_lean_step_fuses_them(monkeypatc
     assert exact.stacks_exactly(576, (576, 192, 192), torch.float32, cpu)
     assert exact.stacks_exactly(576, (1536, 1536), torch.bfloat16, cpu)
     plain = exact.product
-    monkeypatch.setattr(exact, "product", lambda x, w, b=None: plain(x, w, b) * (1 + 1e-3 * (w.shape[0] > 600)))
+    monkeypatch.setattr(exact_kernels, "product", lambda x, w, b=None: plain(x, w, b) * (1 + 1e-3 * (w.shape[0] > 600)))
     assert not exact.stacks_exactly.__wrapped__(576, (576, 192, 192), torch.float32, cpu)
 
 
