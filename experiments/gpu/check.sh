@@ -38,6 +38,12 @@ done
 first=${sizes%% *}
 echo "== the same, $first, without shared-prompt packing (--algo.no-share-prompts): does packing pay on this device?"
 train "$first" "run-$first-unshared" --algo.no-share-prompts
+echo "== exact mode (--rollout.exact, issue 41), $first: rollout/logprob_diff_max per step, 0.0 where this device's"
+echo "   GEMMs are batch-invariant (exit 3 stops the run at the first step that is not: the plan is sgemm-bi there)"
+$PY train.py grpo --model.path "$work/$first" --model.dtype bfloat16 --trainer.device "$device" --data.batch-size 16 \
+    --rollout.n 4 --rollout.max-tokens 64 --trainer.steps 3 --trainer.val-every 0 --log.no-progress \
+    --out-dir "$work/exact" --rollout.exact || echo "exact: exit $?"
+grep -o '"rollout/logprob_diff_max":[^,}]*' "$work/exact/metrics.jsonl" || echo "exact: no step finished"
 if [ "${QUICK:-0}" != 1 ]; then
     echo "== update MFU (0.5B shapes)"
     $PY experiments/gpu/bench_update.py | tee "$OUT/bench_update.txt"

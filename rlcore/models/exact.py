@@ -67,8 +67,8 @@ from rlcore.batch import Batch
 from rlcore.models.exact_kernels import (
     MIN_ROWS,
     ExactKernels,
-    _fold,
-    _matmul,
+    batched_product,
+    fold,
     packed_or_plain,
     product,
     silu,
@@ -103,9 +103,9 @@ def aligned_prompt_width(width: int) -> int:
 
 
 def align_prompts(batch: Batch) -> Batch:
-    """`batch` with its prompt columns (`input_ids`, `attention_mask`, `position_ids`, `prompt_routes` where present) left-padded
-    to `aligned_prompt_width`: the engine's and the trainer's layouts of an exact model (padding is masked,
-    id 0, position 0)."""
+    """`batch` with its prompt columns left-padded to `aligned_prompt_width`: the engine's and the trainer's
+    layouts of an exact model. `input_ids`, `attention_mask` and `position_ids` (padding: masked, id 0,
+    position 0), a MoE's `prompt_routes` (-1: none) and a vision-language prompt's `rope_positions` (0)."""
     width = batch["input_ids"].shape[1]
     extra = aligned_prompt_width(width) - width
     if not extra:
@@ -186,12 +186,13 @@ def attend(query: Tensor, key: Tensor, value: Tensor, allowed: Tensor, scale: fl
     repeating the keys. Each block of BLOCK keys is one product of inner size BLOCK (the last one padded
     with zeros), its weights' sum one sum of BLOCK terms; the blocks are folded in order. A block's
     product runs only on the queries from the first to the last that sees one of its keys (`_seen`):
-    the others' weights there are exact zeros, which add nothing (a causal forward skips half)."""
+    the others' weights there are exact zeros, which add nothing (a causal forward skips half). Blocks
+    seen by the same queries (all of a decode step's) go in one batched product (`_runs`)."""
     b, h, q_len, d = query.shape
     kvh, kv_len = key.shape[1], key.shape[2]
     g, blocks = h // kvh, -(-kv_len // BLOCK)
     q = (query.float() * scale).reshape(b, kvh, g * q_len, d)  # (b, kvh, g q, d): a kv head's query heads
-    scores = _matmul(q, key.float().transpose(-1, -2)).view(b, kvh, g, q_len, kv_len)
+    scores = batched_product(q, key.float().transpose(-1, -2)).view(b, kvh, g, q_len, kv_len)
     scores.masked_fill_(~allowed[:, :, None], float("-inf"))
     top = scores.amax(dim=-1, keepdim=True)  # exact in any order
     top = torch.where(torch.isfinite(top), top, 0.0)  # a query that sees nothing gets weights 0
@@ -203,14 +204,30 @@ def attend(query: Tensor, key: Tensor, value: Tensor, allowed: Tensor, scale: fl
     weights = weights.view(b, kvh, g, q_len, blocks, BLOCK)
     blocked = values.view(b, kvh, blocks, BLOCK, d)
     total = values.new_zeros((b, kvh, g, q_len, d))
-    for j, (lo, hi) in enumerate(_seen(allowed, blocks)):
-        if hi > lo:  # ((0 + p0) + p1) + ... per query, in block order
-            part = _matmul(weights[:, :, :, lo:hi, j].reshape(b, kvh, g * (hi - lo), BLOCK), blocked[:, :, j])
-            total[:, :, :, lo:hi] += part.view(b, kvh, g, hi - lo, d)
+    for lo, hi, first, end in _runs(_seen(allowed, blocks)):  # ((0 + p0) + p1) + ... per query, in block order
+        r, n = hi - lo, end - first  # n blocks seen by the same queries (a decode step: all), one product
+        w = weights[:, :, :, lo:hi, first:end].permute(0, 1, 4, 2, 3, 5).reshape(b, kvh, n, g * r, BLOCK)
+        for part in batched_product(w, blocked[:, :, first:end]).unbind(2):  # (b, kvh, g r, d) per block
+            total[:, :, :, lo:hi] += part.view(b, kvh, g, r, d)
     sums = weights.sum(dim=-1, keepdim=True).view(b, kvh, g * q_len, blocks, 1)
-    norm = _fold(list(sums.unbind(3))).view(b, kvh, g, q_len, 1)  # the blocks' weight sums, in order
+    norm = fold(list(sums.unbind(3))).view(b, kvh, g, q_len, 1)  # the blocks' weight sums, in order
     out = torch.where(norm > 0, total / torch.where(norm > 0, norm, 1.0), 0.0)
     return out.reshape(b, h, q_len, d).to(query.dtype)
+
+
+def _runs(ranges: list[tuple[int, int]]) -> list[tuple[int, int, int, int]]:
+    """(first query, last + 1, first block, last block + 1) of each run of consecutive key blocks that the
+    same (non-empty) range of queries sees: their products go in one batched product (a product's rows do
+    not depend on the batch around them)."""
+    runs: list[tuple[int, int, int, int]] = []
+    for j, (lo, hi) in enumerate(ranges):
+        if hi <= lo:
+            continue
+        if runs and runs[-1][:2] == (lo, hi) and runs[-1][3] == j:
+            runs[-1] = (lo, hi, runs[-1][2], j + 1)
+        else:
+            runs.append((lo, hi, j, j + 1))
+    return runs
 
 
 def _seen(allowed: Tensor, blocks: int) -> list[tuple[int, int]]:
@@ -301,7 +318,8 @@ def why_not_exact(model: nn.Module) -> str | None:
     if config is None or not hasattr(config, "_attn_implementation"):
         return f"{type(model).__name__} is not a transformers model"
     if _rotary(model) is None:
-        return f"{type(model).__name__} has no .model.rotary_emb (a <Type>ForCausalLM with rotary positions)"
+        return (f"{type(model).__name__} has no rotary embedding at .model.rotary_emb or "
+                ".model.language_model.rotary_emb (a transformers causal LM with rotary positions)")
     return None
 
 

@@ -161,7 +161,7 @@ def _grouped_mm(kernels: ExactKernels, func: Any, a: Tensor, b: Tensor, offs: Te
     return out
 
 
-def _fold(parts: list[Tensor]) -> Tensor:
+def fold(parts: list[Tensor]) -> Tensor:
     """((p0 + p1) + p2) + ...: a sequential sum, so that parts that are exactly zero (masked blocks, before or
     after a sequence's own) change nothing, wherever they sit."""
     total = parts[0]
@@ -170,7 +170,7 @@ def _fold(parts: list[Tensor]) -> Tensor:
     return total
 
 
-def _matmul(a: Tensor, b: Tensor) -> Tensor:
+def batched_product(a: Tensor, b: Tensor) -> Tensor:
     """a @ b (batched) with a's rows (dim -2) padded to at least MIN_ROWS."""
     m = a.shape[-2]
     return (_pad_rows(a, -2) @ b)[..., :m, :] if m < MIN_ROWS else a @ b
