@@ -78,7 +78,7 @@ from rlcore.models.exact_kernels import (
 from rlcore.models.vision import vision_tower
 
 __all__ = [
-    "BLOCK", "EXACT_ATTENTION", "MIN_ROWS", "ExactKernels", "RotaryTable", "align_prompts", "aligned_prompt_width",
+    "BLOCK", "EXACT_ATTENTION", "MIN_ROWS", "ExactKernels", "RotaryTable", "align_prompts", "aligned_prompt_width", "left_pad_prompts",
     "attend", "exact_attention", "exact_block", "make_exact", "packed_or_plain", "product", "silu", "stacks_exactly",
     "under_kernels", "why_not_exact",
 ]  # fmt: skip
@@ -104,10 +104,15 @@ def aligned_prompt_width(width: int) -> int:
 
 def align_prompts(batch: Batch) -> Batch:
     """`batch` with its prompt columns left-padded to `aligned_prompt_width`: the engine's and the trainer's
-    layouts of an exact model. `input_ids`, `attention_mask` and `position_ids` (padding: masked, id 0,
-    position 0), a MoE's `prompt_routes` (-1: none) and a vision-language prompt's `rope_positions` (0)."""
+    layouts of an exact model (`left_pad_prompts`)."""
     width = batch["input_ids"].shape[1]
-    extra = aligned_prompt_width(width) - width
+    return left_pad_prompts(batch, aligned_prompt_width(width) - width)
+
+
+def left_pad_prompts(batch: Batch, extra: int) -> Batch:
+    """`batch` with `extra` more padding columns before its prompts: `input_ids`, `attention_mask` and
+    `position_ids` (masked, id 0, position 0), a MoE's `prompt_routes` (-1: none) and a vision-language
+    prompt's `rope_positions` (0)."""
     if not extra:
         return batch
     fields = {k: nn.functional.pad(batch[k], (extra, 0)) for k in ("input_ids", "attention_mask", "position_ids")

@@ -50,16 +50,6 @@ def rollout(
     )
 
 
-def left_padded(batch: Batch, extra: int) -> Batch:
-    """`batch` with `extra` more padding columns before its prompts."""
-    pads = {k: torch.nn.functional.pad(batch[k], (extra, 0)) for k in ("input_ids", "attention_mask")}
-    if "prompt_routes" in batch:  # (b, p, L, k): none on padding
-        pads["prompt_routes"] = torch.nn.functional.pad(batch["prompt_routes"], (0, 0, 0, 0, extra, 0), value=-1)
-    if "rope_positions" in batch:  # (b, 3, p): a vision-language prompt's positions
-        pads["rope_positions"] = torch.nn.functional.pad(batch["rope_positions"], (extra, 0))
-    return batch.with_(**pads, overwrite=True)
-
-
 arrangements = st.fixed_dictionaries({
     "order_seed": st.integers(0, 2**16),
     "extra_padding": st.integers(0, 2 * BLOCK + 3),
@@ -75,7 +65,7 @@ def rescored(path: str, dtype: str, batch: Batch, how: dict) -> torch.Tensor:
 
 def rescored_by(model: torch.nn.Module, batch: Batch, how: dict) -> torch.Tensor:
     order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(how["order_seed"]))
-    shuffled = left_padded(batch[order], how["extra_padding"])
+    shuffled = exact.left_pad_prompts(batch[order], how["extra_padding"])
     kind, size = how["micro"]
     split = {"micro_batch_size": size} if kind == "rows" else {"max_tokens": size}
     logprobs, _ = compute_logprobs(model, shuffled, share_prompts=how["share_prompts"], **split)
