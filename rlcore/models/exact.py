@@ -78,9 +78,9 @@ from rlcore.models.exact_kernels import (
 from rlcore.models.vision import vision_tower
 
 __all__ = [
-    "BLOCK", "EXACT_ATTENTION", "MIN_ROWS", "ExactKernels", "RotaryTable", "align_prompts", "aligned_prompt_width", "left_pad_prompts",
-    "attend", "exact_attention", "exact_block", "make_exact", "packed_or_plain", "product", "silu", "stacks_exactly",
-    "under_kernels", "why_not_exact",
+    "BLOCK", "EXACT_ATTENTION", "MIN_ROWS", "ExactKernels", "RotaryTable", "align_prompts", "aligned_prompt_width",
+    "attend", "exact_attention", "exact_block", "left_pad_prompts", "make_exact", "packed_or_plain", "product", "silu",
+    "stacks_exactly", "under_kernels", "why_not_exact",
 ]  # fmt: skip
 
 BLOCK = 16
