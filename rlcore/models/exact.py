@@ -11,8 +11,11 @@ experiments/README.md, issue 41); what exact mode does about each:
 - matrix products: MKL's fp32 sgemm takes another kernel below ~15 rows (up to 7e-6 apart), and the lean
   decode step multiplied by oneDNN's packed kernel, which sums in another order again. Exact mode runs
   every product through one kernel on both sides (`product`): oneDNN's packed product (a weight packed once
-  per trainer forward and per `generate`; row-invariant from 2 rows, and faster than MKL's sgemm at every
-  row count measured) on at least `MIN_ROWS` rows. Inside the trainer's Hugging Face forward the
+  per trainer forward and per `generate`; row-invariant from 2 rows on AVX2 and AVX-512 CPUs, and faster
+  than MKL's sgemm at every row count measured), its rows laid out as `exact_kernels.Rows` says: on at
+  least `MIN_ROWS` rows, or where this CPU's kernels block rows by their count (bf16 on AMX), in fixed
+  tiles. Which layout holds is measured for the model's shapes before it runs (`exact_check.calibrate`);
+  where none does, `make_exact` refuses in one line naming the CPU's instructions. Inside the trainer's Hugging Face forward the
   `mm`/`addmm` of a weight are routed there by a `TorchDispatchMode` (`ExactKernels`), which the model's
   own forward hooks enter and leave.
   A mixture of experts' grouped products (`_grouped_mm`, each expert on its tokens: few rows each) run
@@ -64,7 +67,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rlcore.batch import Batch
+from rlcore.models.exact_check import calibrate
 from rlcore.models.exact_kernels import (
+    BLOCK,
     MIN_ROWS,
     ExactKernels,
     batched_product,
@@ -82,10 +87,6 @@ __all__ = [
     "attend", "exact_attention", "exact_block", "left_pad_prompts", "make_exact", "packed_or_plain", "product", "silu",
     "stacks_exactly", "under_kernels", "why_not_exact",
 ]  # fmt: skip
-
-BLOCK = 16
-"""Keys per block of `exact_attention`'s weighted sum (one product of inner size BLOCK each), and the
-multiple a prompt's padded width is rounded to (`aligned_prompt_width`)."""
 
 EXACT_ATTENTION = "rlcore_exact"
 """The attention implementation name exact mode registers with transformers."""
@@ -330,12 +331,15 @@ def why_not_exact(model: nn.Module) -> str | None:
 
 def make_exact(model: nn.Module) -> nn.Module:
     """Switch `model` (in place) to exact mode: the "rlcore_exact" attention, and `ExactKernels` around each
-    of its forwards. Raises ValueError (one line) for a model it does not cover (`why_not_exact`)."""
+    of its forwards, its products in the row layout this CPU was measured to keep row-invariant for them
+    (`exact_check.calibrate`). Raises ValueError (one line) for a model it does not cover (`why_not_exact`)
+    or a CPU whose kernels no layout makes row-invariant."""
     why = why_not_exact(model)
     if why is not None:
         raise ValueError(f"exact mode: {why}")
     if exact_block(model) is not None:
         return model
+    calibrate(model)  # this CPU's row layout for the model's products, or ValueError
     _register()
     model.set_attn_implementation(EXACT_ATTENTION)
     rotary = _rotary(model)

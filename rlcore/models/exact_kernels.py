@@ -4,16 +4,21 @@
     with ExactKernels():                      # a Hugging Face forward's mm/addmm/bmm/grouped mm and SiLU
         model(...)                            #   in that batch-invariant form (`_HANDLERS`)
 
-oneDNN's packed product is row-invariant from 2 rows on this CPU (MKL's sgemm from ~15) and faster than
-MKL's at every row count measured; every product runs on at least MIN_ROWS rows (zeros appended). A
-weight is packed once per `ExactKernels` (per forward: an optimizer step, a load through `.data` or an
-FSDP all-gather may change it without a version bump). A mixture of experts' grouped products run
-expert by expert through the same product. SiLU is x / (1 + exp(-x)) (exp is position-invariant,
-`aten.silu`'s vectorised and scalar paths differ by an ulp).
+A kernel's bits for a row may depend on how many rows its call holds: MKL's fp32 sgemm takes another kernel
+below ~15 rows, and oneDNN's bf16 kernels on a CPU with AMX block rows 7-17 otherwise than 64 or more. So
+every product hands its rows to `kernel` in one layout, a `Rows` per dtype (`ROWS`): at least 16 rows
+(zeros appended), or fixed tiles of rows, each call the same shape. Which layout holds on this CPU, for a
+model's shapes, is measured before the model runs (`rlcore.models.exact_check.calibrate`). oneDNN's packed
+product is row-invariant from 2 rows on AVX2 and AVX-512 CPUs (MKL's sgemm from ~15) and faster than MKL's
+at every row count measured. A weight is packed once per `ExactKernels` (per forward: an optimizer step, a
+load through `.data` or an FSDP all-gather may change it without a version bump). A mixture of experts'
+grouped products run expert by expert through the same product. SiLU is x / (1 + exp(-x)) (exp is
+position-invariant, `aten.silu`'s vectorised and scalar paths differ by an ulp).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -26,14 +31,66 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from rlcore.models.onednn import can_pack, pack, packed_linear
 
 MIN_ROWS = 16
-"""The fewest rows a matrix product runs with in exact mode (fp32 kernels change below ~15 rows here)."""
+"""The fewest rows a matrix product runs with in the default layout (fp32 kernels change below ~15 rows)."""
 
-def _pad_rows(x: Tensor, dim: int) -> Tensor:
-    """`x` with zero rows appended along `dim` up to MIN_ROWS, contiguous."""
-    extra = MIN_ROWS - x.shape[dim]
+BLOCK = 16
+"""Keys per block of `exact.attend`'s weighted sum (one product of inner size BLOCK each), and the
+multiple a prompt's padded width is rounded to (`exact.aligned_prompt_width`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Rows:
+    """How exact mode hands a product's rows to its kernel, so that a row's bits depend on that row alone.
+
+    `tile` None: one call on all the rows, at least `floor` of them (zeros appended). `tile` set: every call
+    on exactly `tile` rows (the rows cut into tiles, the last one padded with zeros), so every call has
+    the same shape whatever the row count: the layout for kernels whose blocking follows the row count."""
+
+    floor: int = MIN_ROWS
+    tile: int | None = None
+
+    @property
+    def name(self) -> str:
+        return f"tiles of {self.tile} rows" if self.tile else f"at least {self.floor} rows"
+
+    def apply(self, fn: Callable[..., Tensor], *xs: Tensor, dim: int = 0) -> Tensor:
+        """fn(*xs) in this layout: `xs` share their row count along `dim` (fn's output too), and each call
+        of `fn` gets their rows of one span, padded with zeros; the outputs' rows are joined back."""
+        m, size = xs[0].shape[dim], self.tile or self.floor
+        if m > size and self.tile is not None:
+            spans = range(0, m, self.tile)
+            return torch.cat([self.apply(fn, *(x.narrow(dim, lo, min(self.tile, m - lo)) for x in xs), dim=dim)
+                              for lo in spans], dim=dim)  # fmt: skip
+        if m >= size:
+            return fn(*xs)
+        return fn(*(_pad_rows(x, dim, size) for x in xs)).narrow(dim, 0, m)
+
+
+DEFAULT_ROWS = Rows()
+ROWS: dict[torch.dtype, Rows] = {}
+"""The layout per dtype for this process (`rows_for`), set by `exact_check.calibrate` to one that it
+measured row-invariant on this CPU; DEFAULT_ROWS where none was set."""
+
+
+def rows_for(dtype: torch.dtype) -> Rows:
+    """The layout products in `dtype` run in (`ROWS`)."""
+    return ROWS.get(dtype, DEFAULT_ROWS)
+
+
+def _pad_rows(x: Tensor, dim: int, rows: int) -> Tensor:
+    """`x` with zero rows appended along `dim` up to `rows`, contiguous."""
+    extra = rows - x.shape[dim]
+    if extra <= 0:
+        return x.contiguous()
     shape = list(x.shape)
     shape[dim] = extra
     return torch.cat([x, x.new_zeros(shape)], dim=dim)
+
+
+def kernel(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """x (m, K) W^T + b: the one kernel every exact product calls, oneDNN's packed product for a packed
+    weight (`packed_or_plain`), else `F.linear`."""
+    return packed_linear(x, weight, bias) if weight.is_mkldnn else F.linear(x, weight, bias)
 
 
 def packed_or_plain(weight: Tensor) -> Tensor:
@@ -57,13 +114,17 @@ def _packs(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     return True
 
 
-@functools.cache
 def stacks_exactly(k: int, widths: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> bool:
     """Whether `product` by weights of `widths` rows (each k wide) stacked into one gives, column for column,
     the same bits as the product by each: the lean step then fuses q/k/v and gate/up as the default step
     does, while the trainer multiplies them apart. oneDNN's reduction order over k does not depend on the
-    column count (measured for every shape tried); checked here once per shape, on MIN_ROWS rows (a row's
-    result does not depend on the row count, `product`)."""
+    column count (measured for every shape tried); checked here once per shape and layout, on MIN_ROWS rows
+    (a row's result does not depend on the row count, `product`)."""
+    return _stacks_exactly(k, widths, dtype, device, rows_for(dtype))
+
+
+@functools.cache
+def _stacks_exactly(k: int, widths: tuple[int, ...], dtype: torch.dtype, device: torch.device, rows: Rows) -> bool:
     generator = torch.Generator(device).manual_seed(0)
     weights = [torch.randn((n, k), generator=generator, device=device).to(dtype) for n in widths]
     x = torch.randn((MIN_ROWS, k), generator=generator, device=device).to(dtype)
@@ -71,16 +132,13 @@ def stacks_exactly(k: int, widths: tuple[int, ...], dtype: torch.dtype, device: 
     return torch.equal(stacked, torch.cat([product(x, packed_or_plain(w)) for w in weights], dim=-1))
 
 
-def product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+def product(x: Tensor, weight: Tensor, bias: Tensor | None = None, rows: Rows | None = None) -> Tensor:
     """x W^T + b, (..., K) -> (..., N): exact mode's one product, for the trainer's forward and the engine's
-    step alike, on at least MIN_ROWS rows (zeros appended). `weight`: from `packed_or_plain`, so the same
-    weight takes the same kernel on both sides."""
-    rows = x.reshape(-1, x.shape[-1])
-    m = rows.shape[0]
-    if m < MIN_ROWS:
-        rows = _pad_rows(rows, 0)
-    out = packed_linear(rows.contiguous(), weight, bias) if weight.is_mkldnn else F.linear(rows, weight, bias)
-    return out[:m].reshape(*x.shape[:-1], out.shape[-1])
+    step alike, its rows handed to `kernel` in the layout `rows` (default: `rows_for(x.dtype)`).
+    `weight`: from `packed_or_plain`, so the same weight takes the same kernel on both sides."""
+    flat = x.reshape(-1, x.shape[-1])
+    out = (rows or rows_for(x.dtype)).apply(lambda r: kernel(r.contiguous(), weight, bias), flat)
+    return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 def silu(x: Tensor) -> Tensor:
@@ -112,8 +170,7 @@ def _mm(kernels: ExactKernels, func: Any, a: Tensor, b: Tensor) -> Tensor:
     weight = _weight_of(b)
     if weight is not None:
         return product(a, kernels.packed(weight))
-    m = a.shape[0]
-    return func(_pad_rows(a, 0), b)[:m] if m < MIN_ROWS else func(a, b)
+    return rows_for(a.dtype).apply(lambda r: func(r, b), a)
 
 
 def _addmm(kernels: ExactKernels, func: Any, bias: Tensor, a: Tensor, b: Tensor, *, beta: Any = 1,
@@ -121,28 +178,21 @@ def _addmm(kernels: ExactKernels, func: Any, bias: Tensor, a: Tensor, b: Tensor,
     weight = _weight_of(b)
     if weight is not None and bias.dim() == 1 and beta == 1 and alpha == 1:
         return product(a, kernels.packed(weight), bias)
-    m = a.shape[0]
-    if m >= MIN_ROWS:
-        return func(bias, a, b, beta=beta, alpha=alpha)
-    if bias.dim() == 2 and bias.shape[0] == m > 1:
-        bias = _pad_rows(bias, 0)
-    return func(bias, _pad_rows(a, 0), b, beta=beta, alpha=alpha)[:m]
+    rows = rows_for(a.dtype)
+    if bias.dim() == 2 and bias.shape[0] == a.shape[0] > 1:  # a bias per row: cut with the rows
+        return rows.apply(lambda r, c: func(c, r, b, beta=beta, alpha=alpha), a, bias)
+    return rows.apply(lambda r: func(bias, r, b, beta=beta, alpha=alpha), a)
 
 
 def _addmm_(kernels: ExactKernels, func: Any, out: Tensor, a: Tensor, b: Tensor, *, beta: Any = 1,
             alpha: Any = 1) -> Tensor:  # fmt: skip
-    """In place (a LoRA adapter added into its base output, `rlcore.models.lora`): on at least MIN_ROWS rows."""
-    m = a.shape[0]
-    if m >= MIN_ROWS:
-        return func(out, a, b, beta=beta, alpha=alpha)
-    padded = _pad_rows(out, 0)
-    func(padded, _pad_rows(a, 0), b, beta=beta, alpha=alpha)
-    return out.copy_(padded[:m])
+    """In place (a LoRA adapter added into its base output, `rlcore.models.lora`), in the rows' layout."""
+    result = rows_for(a.dtype).apply(lambda o, r: func(o, r, b, beta=beta, alpha=alpha), out, a)
+    return out if result is out else out.copy_(result)
 
 
 def _bmm(kernels: ExactKernels, func: Any, a: Tensor, b: Tensor) -> Tensor:
-    m = a.shape[1]
-    return func(_pad_rows(a, 1), b)[:, :m] if m < MIN_ROWS else func(a, b)
+    return rows_for(a.dtype).apply(lambda r: func(r, b), a, dim=1)
 
 
 def _grouped_mm(kernels: ExactKernels, func: Any, a: Tensor, b: Tensor, offs: Tensor | None = None,
@@ -170,10 +220,9 @@ def fold(parts: list[Tensor]) -> Tensor:
     return total
 
 
-def batched_product(a: Tensor, b: Tensor) -> Tensor:
-    """a @ b (batched) with a's rows (dim -2) padded to at least MIN_ROWS."""
-    m = a.shape[-2]
-    return (_pad_rows(a, -2) @ b)[..., :m, :] if m < MIN_ROWS else a @ b
+def batched_product(a: Tensor, b: Tensor, rows: Rows | None = None) -> Tensor:
+    """a @ b (batched), a's rows (dim -2) in the layout `rows` (default: `rows_for(a.dtype)`)."""
+    return (rows or rows_for(a.dtype)).apply(lambda r: r @ b, a, dim=-2)
 
 
 def _silu(kernels: ExactKernels, func: Any, x: Tensor) -> Tensor:

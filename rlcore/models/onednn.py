@@ -40,3 +40,22 @@ def pack(weight: Tensor) -> Tensor:
 def packed_linear(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
     """x (m, K) times a `pack`ed weight, plus bias: (m, N)."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@functools.cache
+def cpu_isa() -> str:
+    """This CPU's widest matrix instructions as a user reads them in `lscpu` (AMX-BF16, AVX512-BF16, AVX-512,
+    AVX2, or the machine's name), with oneDNN's cap when `ONEDNN_MAX_CPU_ISA` sets one: what a product's
+    kernel choice follows."""
+    import os
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    names = {"amx_bf16": "AMX-BF16", "avx512_bf16": "AVX512-BF16", "avx512f": "AVX-512", "avx2": "AVX2"}
+    isa = next((name for flag, name in names.items() if flag in flags), platform.machine() or "unknown CPU")
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    return f"{isa}, ONEDNN_MAX_CPU_ISA={cap}" if cap else isa

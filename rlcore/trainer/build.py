@@ -67,6 +67,8 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm, StepPlan]:
         _check_every_row_has_an_image(train_ds)
     # a rollout rank of split placement loads the engine's own copy of the policy instead
     model = models.build_policy(cfg, placement) if trains else models.build_engine_copy(cfg, dist)
+    if cfg.rollout.exact:
+        models.agree_exact_rows()  # every rank's products in the same row layouts
     sources = sorted({row.data_source for ds in (train_ds, val_ds) if ds is not None for row in ds.rows})
     r = cfg.reward
     if cfg.rollout.env is not None:  # an env scores its episodes: a reward function only where one exists

@@ -47,10 +47,14 @@ def check_exact(metrics: dict[str, float], *, step: int) -> None:
     gap = metrics.get("rollout/logprob_diff_max")
     if gap is None or metrics.get("pipeline/staleness_max", 0.0) != 0 or gap == 0.0:
         return
+    from rlcore.models.onednn import cpu_isa
+
     raise ExactnessLost(
         f"step {step}: --rollout.exact, yet the engine's log-probs differ from the trainer's by up to {gap:.3g} "
-        "(rollout/logprob_diff_max): a kernel outside rlcore.models.exact ran in one of the two forwards "
-        "(a model wrapper, a hook, another attention); report it with the model and flags"
+        f"(rollout/logprob_diff_max) on this CPU ({cpu_isa()}): its products passed the pre-flight row check at "
+        "the shapes it tried, so either a kernel outside rlcore.models.exact ran in one of the two forwards (a "
+        "model wrapper, a hook, another attention) or this CPU's kernels change a row's bits at a row count the "
+        "check did not try; report it with the model, the flags and the CPU (lscpu)"
     )
 
 

@@ -48,6 +48,26 @@ def _load(cfg: Config, dist: Any) -> Any:
     return model
 
 
+def agree_exact_rows() -> None:
+    """--rollout.exact: every rank multiplies in the same row layouts. Each rank's `make_exact` chose its
+    own on its own CPU (`rlcore.models.exact_check`); ranks on CPUs that chose otherwise would sample and
+    score in other bits, so every rank refuses alike (a collective: all ranks call it once)."""
+    from rlcore.models.exact_check import CANDIDATES, rows_signature
+
+    mine = rows_signature()
+    highest, lowest = world_max(mine), [-v for v in world_max([-v for v in mine])]
+    if highest == lowest:
+        return
+    names = {-1: "none", **{i: rows.name for i, rows in enumerate(CANDIDATES)}}
+    differ = "; ".join(f"{dtype}: {names[lo]} and {names[hi]}" for dtype, lo, hi
+                       in zip(("float32", "bfloat16", "float16"), lowest, highest, strict=True) if lo != hi)  # fmt: skip
+    raise ConfigError(
+        f"--rollout.exact: the ranks' CPUs keep products row-invariant in different row layouts ({differ}), so "
+        "their engines and trainers would multiply otherwise; run every rank on one kind of CPU (lscpu), or "
+        "without --rollout.exact"
+    )
+
+
 def _routed(model: Any, cfg: Config) -> Any:
     """`model` with its routers replaying recorded routes per --algo.router-replay (a mixture of experts;
     a dense model as is)."""

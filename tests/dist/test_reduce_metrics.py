@@ -1,8 +1,10 @@
-"""reduce_metrics on 2 gloo ranks: the logged metrics are the global ones, identical on every rank; the\nstart-up context check decided alike on every rank."""
+"""reduce_metrics on 2 gloo ranks: the logged metrics are the global ones, identical on every rank; the\nstart-up context check and exact mode's row layouts decided alike on every rank."""
 
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from tests.dist import workers
 
@@ -22,3 +24,16 @@ def test_the_context_check_is_decided_alike_on_every_rank(tmp_path) -> None:
     said = [(tmp_path / f"context{r}.txt").read_text() for r in (0, 1)]
     assert said[0] == said[1], said
     assert "too few for 1 prompt (1 of --data.train-files) beside --rollout.max-tokens 1900: the longest is 200" in said[0]
+
+
+@pytest.mark.parametrize("differ", [False, True])
+def test_exact_row_layouts_are_agreed_on_every_rank(tmp_path, differ) -> None:
+    """--rollout.exact: ranks whose CPUs chose different row layouts for their products (rank 1 in tiles of
+    64 rows) stop alike, with the same line naming the layouts; ranks that chose the same go on."""
+    workers.spawn("exact_rows_worker", tmp_path, differ)
+    said = [(tmp_path / f"exact_rows{r}.txt").read_text() for r in (0, 1)]
+    assert said[0] == said[1], said
+    if differ:
+        assert "float32: at least 16 rows and tiles of 64 rows" in said[0]
+    else:
+        assert said[0] == "agree"

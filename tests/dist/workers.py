@@ -214,6 +214,22 @@ def context_worker(rank: int, directory: Path) -> None:
     (directory / f"context{rank}.txt").write_text(said)
 
 
+def exact_rows_worker(rank: int, directory: Path, differ: bool) -> None:
+    """Each rank's exact products in the layout its own CPU chose: rank 1 in tiles of 64 where `differ`;
+    every rank writes what `agree_exact_rows` said."""
+    from configs import ConfigError
+    from rlcore.models import exact_kernels
+    from rlcore.trainer.models import agree_exact_rows
+
+    exact_kernels.ROWS[torch.float32] = exact_kernels.Rows(tile=64) if differ and rank == 1 else exact_kernels.Rows()
+    try:
+        agree_exact_rows()
+        said = "agree"
+    except ConfigError as e:
+        said = str(e)
+    (directory / f"exact_rows{rank}.txt").write_text(said)
+
+
 def transfer_worker(rank: int, directory: Path) -> None:
     """Rank 0 sends two batches (one blocking, one async with a collective in between); rank 1 saves them."""
     from rlcore.dist.transfer import recv_batch, send_batch

@@ -123,16 +123,28 @@ def differing(path: str) -> int:
     return int(((batch["rollout_logprobs"] != logprobs) & (batch["response_mask"] != 0)).sum())
 
 
+def in_halves(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b summed over a's last dimension in two halves: the same sum in another order, as a kernel that
+    blocks otherwise computes it (the breaks below construct their difference; no library's choice of
+    kernel decides whether they differ)."""
+    k = a.shape[-1] // 2
+    lo, hi = a.clone(), a.clone()
+    lo[..., k:], hi[..., :k] = 0, 0
+    return lo @ b + hi @ b
+
+
 def _break_scores(monkeypatch) -> None:
-    monkeypatch.setattr(
-        exact, "batched_product", lambda a, b: a @ b
-    )  # the decode step's few-query products as they are
+    def few_rows_otherwise(a, b, rows=None):  # the decode step's few-query products in another order
+        return in_halves(a, b) if a.shape[-2] < MIN_ROWS else a @ b
+
+    monkeypatch.setattr(exact, "batched_product", few_rows_otherwise)
 
 
 def _break_products(monkeypatch) -> None:
-    monkeypatch.delitem(
-        exact_kernels._HANDLERS, torch.ops.aten.mm.default
-    )  # the trainer's products by MKL, not oneDNN
+    def otherwise(kernels, func, a, b):  # the trainer's products by another kernel than the engine's
+        return in_halves(a, b)
+
+    monkeypatch.setitem(exact_kernels._HANDLERS, torch.ops.aten.mm.default, otherwise)
 
 
 def _break_layout(monkeypatch) -> None:
@@ -144,12 +156,12 @@ def _break_layout(monkeypatch) -> None:
 @pytest.mark.parametrize(
     "breaking",
     [_break_scores, _break_products, _break_layout],
-    ids=["few-row-scores", "trainer-mkl", "unaligned-engine"],
+    ids=["few-row-scores", "trainer-other-kernel", "unaligned-engine"],
 )
 def test_one_path_changed_and_the_log_probs_differ(breaking, monkeypatch):
-    """One path changed (the attention's few-row products run as they are; the trainer's products by MKL's
-    sgemm while the engine's are oneDNN's; the engine's prompts not laid out in whole blocks): the engine
-    and the trainer disagree again, so the tests above can fail."""
+    """One path changed (the attention's few-row products summed in another order; the trainer's products
+    by another kernel than the engine's; the engine's prompts not laid out in whole blocks): the engine
+    and the trainer disagree again, so the tests above can fail, on any CPU."""
 
     assert differing("builtin:tiny-reverse") == 0
     breaking(monkeypatch)
@@ -205,11 +217,19 @@ def test_moe_log_probs_are_the_same_bits_in_every_arrangement(dtype, prompts, n,
 
 
 def test_moe_expert_products_by_their_own_kernel_differ(monkeypatch):
-    """Without the grouped expert products' handler (each expert's rows by MKL at their own row count) the
-    engine's few-row decode products and the trainer's differ: the MoE test above can fail."""
+    """With each expert's rows multiplied by a kernel that follows their count (fewer than MIN_ROWS rows
+    summed in another order) the engine's few-row decode products and the trainer's differ: the MoE test
+    above can fail."""
+
+    def by_count(kernels, func, a, b, offs=None, bias=None, out_dtype=None):
+        out, ends = a.new_empty((a.shape[0], b.shape[-1])), offs.tolist()
+        for g, (start, end) in enumerate(zip([0, *ends[:-1]], ends, strict=True)):
+            rows = a[start:end]
+            out[start:end] = in_halves(rows, b[g]) if end - start < MIN_ROWS else rows @ b[g]
+        return out
 
     assert differing("builtin:tiny-moe") == 0
-    monkeypatch.delitem(exact_kernels._HANDLERS, torch.ops.aten._grouped_mm.default)
+    monkeypatch.setitem(exact_kernels._HANDLERS, torch.ops.aten._grouped_mm.default, by_count)
     assert differing("builtin:tiny-moe") > 0
 
 
@@ -252,8 +272,9 @@ def test_stacked_products_are_checked_before_the_lean_step_fuses_them(monkeypatc
     assert exact.stacks_exactly(576, (576, 192, 192), torch.float32, cpu)
     assert exact.stacks_exactly(576, (1536, 1536), torch.bfloat16, cpu)
     plain = exact.product
-    monkeypatch.setattr(exact_kernels, "product", lambda x, w, b=None: plain(x, w, b) * (1 + 1e-3 * (w.shape[0] > 600)))
-    assert not exact.stacks_exactly.__wrapped__(576, (576, 192, 192), torch.float32, cpu)
+    monkeypatch.setattr(exact_kernels, "product",
+                        lambda x, w, b=None, rows=None: plain(x, w, b) * (1 + 1e-3 * (w.shape[0] > 600)))  # fmt: skip
+    assert not exact_kernels._stacks_exactly.__wrapped__(576, (576, 192, 192), torch.float32, cpu, exact_kernels.Rows())
 
 
 

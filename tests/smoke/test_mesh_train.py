@@ -139,7 +139,7 @@ def test_lora_at_tp_2_trains_like_one_process(untied, tmp_path):
     """PPO + KL loss with LoRA on the policy and the critic at tp 2 (the adapters split with their base
     layers, rlcore.dist.tp.ADAPTER_PLANS; the reference is the policy with its adapter disabled), on the
     untied model (vocab-parallel log-probs): every metric is one process's within 1e-5, and the adapter
-    exported from the tp shards is the one process's (to 1e-4 of each tensor's norm). The adapters are
+    exported from the tp shards is the one process's (to 1e-3 of each tensor's norm: the basis below). The adapters are
     drawn from the run's seed, so the engine copy a tp rank builds first does not shift the critic's."""
     from safetensors.torch import load_file
 
@@ -156,5 +156,9 @@ def test_lora_at_tp_2_trains_like_one_process(untied, tmp_path):
         load_file(d / "final" / "adapter" / "adapter_model.safetensors") for d in (one, tmp_path / "tp")
     )
     assert want.keys() == have.keys() and len(want) == 2 * 7 * 4  # A and B of 7 linears in 4 decoder layers
-    for key, tensor in want.items():  # Adam's step on a near-zero gradient turns rounding into ~lr: 1e-4
-        assert (have[key] - tensor).norm() <= 1e-4 * tensor.norm(), key
+    # The bound's basis: tp sums each product in two halves, so gradients differ by float rounding, and Adam
+    # (lr * g / (|g| + eps)) turns that into up to ~lr on the elements whose gradient is near 0. Measured, the
+    # worst tensor's difference over its norm: 1.0e-4 on an AMX Xeon, 2.2e-5 on an AVX-512 EPYC (2026-12-06);
+    # the bound is 10x the larger. A mis-split adapter is off by O(1) of its norm.
+    for key, tensor in want.items():
+        assert (have[key] - tensor).norm() <= 1e-3 * tensor.norm(), key
