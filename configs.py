@@ -5,10 +5,14 @@
     python train.py --help                           # every preset and every flag
 
 Each field's docstring is its `--help` text. Configs are frozen: derived values come from functions
-of the config (`rlcore.trainer.algorithm.learning_rate`, ...), never written back. This module is the
-schema and the presets only and imports nothing from rlcore: the checks run in one pre-flight pass
-(`rlcore.trainer.preflight.validate(cfg, world_size)`) before any model is built, each next to what it
-checks, and raise `ConfigError` naming the flag, the value and the fix.
+of the config, never written back. A field left None whose default depends on the model (the learning
+rates, --rollout.max-tokens, the dapo preset's overlong buffer) is filled once at start-up by
+`rlcore.trainer.defaults.resolve`, into a new config: a built-in model keeps the values of its tasks, a
+pretrained one gets values that fit it; the run prints each such value first and config.json records
+them. This module is the schema and the presets only and imports nothing from rlcore: the checks run in
+one pre-flight pass (`rlcore.trainer.preflight.validate(cfg, world_size)`, on the resolved config) before
+any model is built, each next to what it checks, and raise `ConfigError` naming the flag, the value and
+the fix.
 """
 
 from __future__ import annotations
@@ -81,8 +85,10 @@ class RolloutConfig:
     """Generation engine: the native KV-cache sampler (CPU and GPU) or vLLM colocated in-process."""
     n: int = 8
     """Samples per prompt (the group size of grpo/rloo/...)."""
-    max_tokens: int = 12
-    """Most new tokens per response."""
+    max_tokens: int | None = None
+    """Most new tokens per response. None: the model kind's default (rlcore.trainer.defaults, printed at
+    start): 12 for a built-in model, 512 for a pretrained one (a directory, a hub id, a GGUF file; verl's
+    default response length, TRL's is 256)."""
     temperature: float = 1.0
     """Sampling temperature (the log-probs are taken under the same temperature)."""
     top_p: float = 1.0
@@ -145,8 +151,10 @@ class RewardConfig:
     """Score given to a sample whose reward function raised or timed out."""
     max_error_rate: float = 0.5
     """Abort when a larger share of one step's samples failed to score."""
-    overlong_buffer_length: int = 0
-    """DAPO soft overlong penalty: buffer length in tokens before --rollout.max-tokens (0 = off)."""
+    overlong_buffer_length: int | None = 0
+    """DAPO soft overlong penalty: buffer length in tokens before --rollout.max-tokens (0 = off). None
+    (the dapo preset): the model kind's default, 4 tokens for a built-in model, 20% of --rollout.max-tokens
+    for a pretrained one (DAPO's 4096 of 20480)."""
     overlong_penalty_factor: float = 1.0
     """DAPO soft overlong penalty: the largest penalty."""
     math_verifier: Literal["verl", "math-verify"] = "verl"
@@ -283,10 +291,12 @@ class AlgoConfig:
 @dataclass(frozen=True, kw_only=True)
 class OptimConfig:
     lr: float | None = None
-    """Peak learning rate (AdamW). Default 1e-3, or 5e-3 with --model.lora-rank: LoRA's best learning rate
-    is several times full fine-tuning's (~10x in Schulman et al. 2025, "LoRA Without Regret"); on the
-    default task at rank 16, alpha 32: 1e-2 peaked at val 0.90 and fell to 0.81, 5e-3 reached 0.998,
-    3e-3 0.987 (experiments/README.md, issue 19)."""
+    """Peak learning rate (AdamW). None: the model kind's default (rlcore.trainer.defaults, printed at
+    start). A built-in model: 1e-3, or 5e-3 with --model.lora-rank (on the default task at rank 16, alpha
+    32: 1e-2 peaked at val 0.90 and fell to 0.81, 5e-3 reached 0.998, 3e-3 0.987; experiments/README.md,
+    issue 19). A pretrained model (a directory, a hub id, a GGUF file): 1e-6 (verl's and TRL's default),
+    or 1e-5 with LoRA (LoRA's best learning rate is ~10x full fine-tuning's: Schulman et al. 2025, "LoRA
+    Without Regret")."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
@@ -307,8 +317,9 @@ class OptimConfig:
 class CriticConfig:
     path: str | None = None
     """Critic backbone (None: initialised from --model.path)."""
-    lr: float = 1e-3
-    """Critic learning rate."""
+    lr: float | None = None
+    """Critic learning rate. None: the model kind's default (rlcore.trainer.defaults): 1e-3 for a built-in
+    model, 1e-5 for a pretrained one (verl's critic default)."""
     warmup_steps: int = 0
     """Critic learning-rate warm-up."""
     value_clip: float = 0.5
@@ -449,7 +460,7 @@ PRESETS: dict[str, tuple[str, Config]] = {
         "DAPO: clip-higher, token-mean, dynamic sampling, soft overlong penalty (Yu et al. 2025)",
         dataclasses.replace(
             _algo(preset="dapo", clip_high=0.28, dynamic_sampling=True),
-            reward=RewardConfig(overlong_buffer_length=4),
+            reward=RewardConfig(overlong_buffer_length=None),  # the model kind's (rlcore.trainer.defaults)
         ),
     ),
     "drgrpo": (

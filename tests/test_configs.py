@@ -18,6 +18,7 @@ from configs import (
     TrainerConfig,
 )
 from rlcore.trainer.cli import UserError, condense, parse
+from rlcore.trainer.defaults import resolve
 from rlcore.trainer.preflight import validate
 
 
@@ -26,6 +27,7 @@ def with_(cfg: Config, **parts) -> Config:
 
 
 BASE = PRESETS["grpo"][1]
+"""The default preset as the user gives it; `validate` sees it resolved (rlcore.trainer.defaults), as a run does."""
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -33,9 +35,9 @@ def test_every_preset_is_valid(name):
     cfg = PRESETS[name][1]
     if name == "distill":  # the one preset that needs a path: its teacher
         with pytest.raises(ConfigError, match=r"give --algo\.teacher PATH"):
-            validate(cfg)
+            validate(resolve(cfg))
         cfg = with_(cfg, algo=dataclasses.replace(cfg.algo, teacher="builtin:tiny-reverse"))
-    validate(cfg)
+    validate(resolve(cfg))
     assert cfg.preset == name
 
 
@@ -54,7 +56,7 @@ STREAM_PARTIAL = PipelineConfig(placement="split", mode="stream", partial_rollou
 )
 def test_former_refusals_are_valid(cfg):
     """Partial rollouts with vLLM, multi-turn, dynamic sampling and ReMax; tp with LoRA (issue 35)."""
-    validate(cfg, world_size=3 if cfg.pipeline.placement == "split" and cfg.trainer.tp == 2 else 2)
+    validate(resolve(cfg), world_size=3 if cfg.pipeline.placement == "split" and cfg.trainer.tp == 2 else 2)
 
 
 @pytest.mark.parametrize(
@@ -127,7 +129,7 @@ def test_former_refusals_are_valid(cfg):
 )  # fmt: skip
 def test_bad_values_name_flag_value_and_fix(cfg, world_size, message):
     with pytest.raises(ConfigError) as info:
-        validate(cfg, world_size=world_size)
+        validate(resolve(cfg), world_size=world_size)
     assert message in str(info.value)
     assert "\n" not in str(info.value)
 

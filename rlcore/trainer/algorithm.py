@@ -28,6 +28,7 @@ from rlcore.pure.losses import POLICY_LOSSES, value_loss
 from rlcore.rewards.step import OverlongPenalty
 from rlcore.rollout.base import SamplingParams
 from rlcore.steps import correction_step
+from rlcore.trainer.defaults import DEFAULTS
 from rlcore.update import ModelState, UpdatePlan, build_optimizer, build_scheduler
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -35,15 +36,16 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 _ALGO_FIELDS = frozenset(f.name for f in dataclasses.fields(AlgoConfig))
 
-FULL_LR, LORA_LR = 1e-3, 5e-3
-"""--optim.lr when not given: full fine-tuning, LoRA (see OptimConfig.lr)."""
+LIBRARY_DEFAULTS = DEFAULTS["builtin"]
+"""What a config that `rlcore.trainer.defaults.resolve` has not filled gets here (a script calling the
+optimizers directly): the built-in models' values. The trainer always resolves first."""
 
 
 def learning_rate(optim: OptimConfig, *, lora: bool = False) -> float:
-    """--optim.lr, or its default: LoRA's (`lora`) or full fine-tuning's."""
+    """--optim.lr (resolved by the model's kind at start-up), else the built-in models' default."""
     if optim.lr is not None:
         return optim.lr
-    return LORA_LR if lora else FULL_LR
+    return LIBRARY_DEFAULTS.lora_lr if lora else LIBRARY_DEFAULTS.lr
 
 
 def corrects(a: AlgoConfig) -> bool:
@@ -173,7 +175,8 @@ def on_policy(cfg: Config) -> bool:
 
 
 def bind(cfg: Config) -> tuple[Algorithm, StepPlan]:
-    """The run's Algorithm and StepPlan: everything a step needs from the config, bound once."""
+    """The run's Algorithm and StepPlan: everything a step needs from the config, bound once. `cfg` is
+    resolved (`rlcore.trainer.defaults.resolve`: the response length and the overlong buffer are set)."""
     return build_algorithm(cfg), step_plan(cfg)
 
 
@@ -316,9 +319,11 @@ def model_state(model: Any, optim: OptimConfig, total_updates: int, *, lora: boo
 
 
 def critic_optim(cfg: Config) -> OptimConfig:
-    """--optim with the critic's learning rate and warm-up."""
+    """--optim with the critic's learning rate (resolved by the model's kind at start-up, else the built-in
+    models' default) and warm-up."""
     c: CriticConfig = cfg.critic
-    return dataclasses.replace(cfg.optim, lr=c.lr, warmup_steps=c.warmup_steps)
+    lr = c.lr if c.lr is not None else LIBRARY_DEFAULTS.critic_lr
+    return dataclasses.replace(cfg.optim, lr=lr, warmup_steps=c.warmup_steps)
 
 
 def updates_per_run(cfg: Config) -> int:

@@ -26,7 +26,8 @@ from rlcore.rewards.pool import RewardScorer
 from rlcore.rollout.env import EnvSpecError
 from rlcore.state import TrainState
 from rlcore.trainer import agents, judges, models
-from rlcore.trainer.algorithm import bind, learning_rate, sync_bucket_bytes
+from rlcore.trainer.algorithm import bind, sync_bucket_bytes
+from rlcore.trainer.defaults import default_lines, model_kind
 from rlcore.trainer.faults import Hooks
 from rlcore.trainer.handles import Handles, Outbox
 from rlcore.trainer.logger import MetricsLogger
@@ -39,7 +40,12 @@ USER_ERRORS = (ConfigError, DataError, RewardSpecError, EnvSpecError)
 """What the user fixes: one `error:` line and exit 2."""
 
 
-def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm, StepPlan]:
+def build(
+    cfg: Config, defaulted: dict[str, Any] | None = None
+) -> tuple[TrainState, Handles, Algorithm, StepPlan]:
+    """The run of `cfg`, resolved (`rlcore.trainer.defaults.resolve`); `defaulted` names the values its
+    model's kind gave it (`defaults.defaulted` of the user's config): printed first, kept in config.json."""
+    defaulted = defaulted or {}
     try:
         info = init_distributed(cfg.trainer.device)
     except ValueError as e:
@@ -55,6 +61,8 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm, StepPlan]:
         torch.set_num_threads(threads)
     torch.manual_seed(cfg.trainer.seed)
     algorithm, plan = bind(cfg)
+    if placement.writes:  # the first lines of the run: what the model's kind chose
+        report_defaults(cfg, defaulted, critic=algorithm.needs_critic)
     out_dir = Path(cfg.out_dir or f"runs/{cfg.preset}-{datetime.now():%Y%m%d-%H%M%S}")
     tokenizer = models.tokenizer_of(cfg)
     vision = models.vision_of(cfg, tokenizer)
@@ -94,9 +102,9 @@ def build(cfg: Config) -> tuple[TrainState, Handles, Algorithm, StepPlan]:
     critic = models.build_critic_state(cfg, placement) if algorithm.needs_critic and trains else None
     if placement.writes:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "config.json").write_text(json.dumps(record(cfg), indent=2))
+        (out_dir / "config.json").write_text(json.dumps(record(cfg, defaulted), indent=2))
     logger = MetricsLogger(out_dir, total_steps=cfg.trainer.steps, enabled=placement.writes, wandb_mode=cfg.log.wandb,
-                           wandb_project=cfg.log.project, run_name=out_dir.name, config=record(cfg),
+                           wandb_project=cfg.log.project, run_name=out_dir.name, config=record(cfg, defaulted),
                            progress=cfg.log.progress)  # fmt: skip
     report_data(cfg, train_ds, val_ds, logger, prints=placement.writes)
     if vision is not None and cfg.algo.share_prompts and placement.writes:
@@ -123,12 +131,20 @@ def _relay(cfg: Config, placement: Any, model: Any) -> AdapterRelay | None:
     return AdapterRelay(model, bucket_bytes=sync_bucket_bytes(cfg))
 
 
-def record(cfg: Config) -> dict[str, Any]:
-    """The config as config.json and W&B record it: every flag, defaults that depend on others resolved
-    (the learning rate; the config itself keeps None)."""
+def record(cfg: Config, defaulted: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The config as config.json and W&B record it: every flag of the resolved config, and under
+    "defaulted" the model's kind and the values it chose (section.field: value)."""
     out = dataclasses.asdict(cfg)
-    out["optim"]["lr"] = learning_rate(cfg.optim, lora=cfg.model.lora_rank > 0)
+    out["defaulted"] = {"model_kind": model_kind(cfg.model.path), "values": dict(defaulted or {})}
     return out
+
+
+def report_defaults(cfg: Config, defaulted: dict[str, Any], *, critic: bool) -> None:
+    """One stdout line per value the model's kind chose (--critic.lr only where a critic trains)."""
+    shown = {k: v for k, v in defaulted.items() if critic or k != "critic.lr"}
+    lines = default_lines(shown, kind=model_kind(cfg.model.path), lora=cfg.model.lora_rank > 0)
+    for line in lines:
+        print(line, flush=True)
 
 
 def model_base(cfg: Config) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """The training run as a short story: build → loop → close. Used by train.py.
 
+    cfg = defaults.resolve(cfg)                                    # the model kind's defaults, once
     state, handles, algorithm, plan = build(cfg)
     state = checkpoints.resume(state, handles, cfg.resume)         # --resume auto|none|PATH
     state, metrics = train_step(state, handles, algorithm, plan)  # one step, a new TrainState
@@ -21,7 +22,7 @@ from rlcore.dist.mesh import close_distributed, group_rank, group_size
 from rlcore.plan import StepPlan
 from rlcore.rewards.pool import RewardError
 from rlcore.state import TrainState
-from rlcore.trainer import checkpoints, models, signals, split
+from rlcore.trainer import checkpoints, defaults, models, signals, split
 from rlcore.trainer.build import USER_ERRORS, build
 from rlcore.trainer.collect import step_seed
 from rlcore.trainer.errors import StopRun, reason
@@ -46,9 +47,12 @@ __all__ = ["Handles", "TrainingDiverged", "build", "run", "step_seed", "train_st
 
 
 def run(cfg: Config) -> int:
-    """Train to the end; user errors print one line and return 2, a diverged run 3."""
+    """Train to the end; user errors print one line and return 2, a diverged run 3. The fields `cfg` leaves
+    to the model's kind are resolved here, once (`rlcore.trainer.defaults`): the run uses the new config."""
+    defaulted = defaults.defaulted(cfg)
+    cfg = defaults.resolve(cfg)
     try:
-        state, h, algorithm, plan = build(cfg)
+        state, h, algorithm, plan = build(cfg, defaulted)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         close_distributed()

@@ -19,7 +19,9 @@ from tests.smoke.test_train import train
 
 POSITIONS = 128
 STEPS = ["--trainer.steps", "2", "--trainer.val-every", "0", "--data.batch-size", "4", "--rollout.n", "4",
-         "--log.no-progress"]  # fmt: skip
+         "--rollout.max-tokens", "12", "--log.no-progress"]  # fmt: skip
+"""A directory is a pretrained model, whose default response budget is 512 (rlcore.trainer.defaults): these
+tests keep the built-in models' 12."""
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +47,8 @@ def _rows(path: Path, contents: list[str]) -> tuple[Path, int]:
     return path, max(lengths)
 
 
-def test_a_128_position_model_with_short_prompts_trains_at_the_default_flags(short_model, tmp_path):
-    """--data.max-prompt-length 512 and --rollout.max-tokens 12 (the defaults) sum past 128: no matter,
+def test_a_128_position_model_with_short_prompts_trains_at_the_default_prompt_length(short_model, tmp_path):
+    """--data.max-prompt-length 512 (the default) and --rollout.max-tokens 12 sum past 128: no matter,
     the longest built-in prompt (18 tokens) plus 12 fits (before the fix: refused at start)."""
     proc = train("grpo", *STEPS, "--model.path", str(short_model), out=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

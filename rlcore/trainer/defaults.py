@@ -1,0 +1,135 @@
+"""Defaults that depend on the kind of model a run trains (issue 56), resolved once at start-up.
+
+    values = defaulted(cfg)      # {"optim.lr": 1e-06, "rollout.max_tokens": 512, ...}: what cfg leaves None
+    cfg = resolve(cfg)           # a new, concrete Config (the user's is never changed)
+    lines = default_lines(values, kind=model_kind(cfg.model.path), lora=cfg.model.lora_rank > 0)
+
+A built-in model (`--model.path builtin:<name>`) keeps the values its tasks were tuned with; anything
+else (a directory, a hub id, a GGUF file) is a pretrained model and gets values that fit one. A value the
+user gave always wins: only the fields the config leaves None are filled (`--optim.lr`, `--critic.lr`,
+`--rollout.max-tokens`, and `--reward.overlong-buffer-length`, which the dapo preset leaves None).
+
+Why the pretrained values (sources read for issue 56):
+- learning rate 1e-6 for full fine-tuning: verl's `actor_rollout_ref.actor.optim.lr` and TRL's
+  `GRPOConfig.learning_rate` both default to it. rlcore's SmolLM2-135M study (experiments/README.md,
+  issue 34) trained at 1e-5 for 8-step probes on a 135M model; 1e-6 is the value that does not diverge
+  on the 0.5B-7B models the README's examples train, and a short study raises it with --optim.lr.
+- LoRA 1e-5, ten times full fine-tuning's: the ratio of "LoRA Without Regret" (Schulman et al. 2025)
+  and of the SmolLM2 study (1e-5 full, 1e-4 LoRA); the built-in models' own ratio is 5x (1e-3, 5e-3).
+- critic 1e-5: verl's `critic.optim.lr` (a value head learns from scratch, so faster than the actor).
+- 512 response tokens: verl's `data.max_response_length` (TRL's `max_completion_length` is 256); a
+  GSM8K chain of thought fits, where the built-in models' 12 tokens cannot hold one.
+- DAPO's overlong buffer as a share of the response length, 20%: the DAPO paper (Yu et al. 2025) and
+  verl's recipe penalise the last 4096 of 20480 tokens. The built-in models keep 4 tokens (of 12).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from configs import Config
+from rlcore.models.policy import BUILTIN_PREFIX
+
+Kind = Literal["builtin", "pretrained"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class KindDefaults:
+    """One model kind's defaults."""
+
+    lr: float
+    """--optim.lr, full fine-tuning."""
+    lora_lr: float
+    """--optim.lr with --model.lora-rank > 0."""
+    critic_lr: float
+    """--critic.lr."""
+    max_tokens: int
+    """--rollout.max-tokens."""
+    overlong_buffer_tokens: int
+    """--reward.overlong-buffer-length where a preset leaves it None: this many tokens ..."""
+    overlong_buffer_share: float
+    """... plus this share of --rollout.max-tokens (rounded)."""
+
+
+DEFAULTS: dict[Kind, KindDefaults] = {
+    "builtin": KindDefaults(
+        lr=1e-3,  # the default run's (README: reverse from greedy val 0.233 to 0.996 in 30 steps)
+        lora_lr=5e-3,  # rank 16, alpha 32, default task: val 0.998 (experiments/README.md, issue 19)
+        critic_lr=1e-3,  # the actor's, as before issue 56
+        max_tokens=12,  # the built-in tasks' answers are a few tokens (the default run's responses: 5-7)
+        overlong_buffer_tokens=4,  # the dapo preset's 4 of 12 tokens, as before issue 56
+        overlong_buffer_share=0.0,
+    ),
+    "pretrained": KindDefaults(
+        lr=1e-6,  # verl actor_rollout_ref.actor.optim.lr and TRL GRPOConfig.learning_rate
+        lora_lr=1e-5,  # 10x full fine-tuning (LoRA Without Regret; rlcore's SmolLM2 study: 1e-5 / 1e-4)
+        critic_lr=1e-5,  # verl critic.optim.lr
+        max_tokens=512,  # verl data.max_response_length (TRL max_completion_length: 256)
+        overlong_buffer_tokens=0,
+        overlong_buffer_share=0.2,  # DAPO (Yu et al. 2025): a 4096-token buffer of 20480 tokens
+    ),
+}
+"""The defaults of each model kind, each value with its source."""
+
+FLAGS = {
+    "optim.lr": "--optim.lr",
+    "critic.lr": "--critic.lr",
+    "rollout.max_tokens": "--rollout.max-tokens",
+    "reward.overlong_buffer_length": "--reward.overlong-buffer-length",
+}
+"""The fields a model kind defaults (section.field, as config.json names them) and their flags."""
+
+KIND_NAMES: dict[Kind, str] = {"builtin": "a built-in model", "pretrained": "a pretrained model"}
+
+
+def model_kind(path: str) -> Kind:
+    """builtin for --model.path builtin:<name>; pretrained for a directory, a hub id or a GGUF file."""
+    return "builtin" if path.startswith(BUILTIN_PREFIX) else "pretrained"
+
+
+def overlong_buffer(d: KindDefaults, max_tokens: int) -> int:
+    """The soft overlong penalty's buffer for responses of at most `max_tokens` (at least 1 token)."""
+    return max(1, d.overlong_buffer_tokens + round(d.overlong_buffer_share * max_tokens))
+
+
+def defaulted(cfg: Config) -> dict[str, Any]:
+    """The values the model's kind gives the fields `cfg` leaves None, by section.field (FLAGS' keys)."""
+    d = DEFAULTS[model_kind(cfg.model.path)]
+    values: dict[str, Any] = {}
+    if cfg.optim.lr is None:
+        values["optim.lr"] = d.lora_lr if cfg.model.lora_rank > 0 else d.lr
+    if cfg.critic.lr is None:
+        values["critic.lr"] = d.critic_lr
+    max_tokens = cfg.rollout.max_tokens
+    if max_tokens is None:
+        max_tokens = values["rollout.max_tokens"] = d.max_tokens
+    if cfg.reward.overlong_buffer_length is None:
+        values["reward.overlong_buffer_length"] = overlong_buffer(d, max_tokens)
+    return values
+
+
+def resolve(cfg: Config) -> Config:
+    """`cfg` with every field it leaves None filled by the model's kind (`defaulted`): a new Config."""
+    sections: dict[str, dict[str, Any]] = {}
+    for key, value in defaulted(cfg).items():
+        section, name = key.split(".")
+        sections.setdefault(section, {})[name] = value
+    parts = {s: dataclasses.replace(getattr(cfg, s), **fields) for s, fields in sections.items()}
+    return dataclasses.replace(cfg, **parts)
+
+
+def default_lines(values: dict[str, Any], *, kind: Kind, lora: bool = False) -> list[str]:
+    """One line per defaulted value, as a run prints them first:
+    `optim.lr 1e-06 (default for a pretrained model; --optim.lr to change)`."""
+    lines = []
+    for key, value in values.items():
+        flag, what = FLAGS[key], KIND_NAMES[kind]
+        if key == "optim.lr" and lora:
+            what += " with LoRA"
+        share = DEFAULTS[kind].overlong_buffer_share
+        if key == "reward.overlong_buffer_length" and share:
+            what += f": {share:.0%} of --rollout.max-tokens"
+        lines.append(f"{flag.removeprefix('--')} {value:g} (default for {what}; {flag} to change)")
+    return lines
