@@ -91,8 +91,8 @@ def choose(dtype: torch.dtype, device: torch.device, shapes: set[tuple[int, int,
         else f"products by a {n}x{k} weight"
     )
     raise ValueError(
-        f"on this CPU ({cpu_isa()}) {str(dtype).removeprefix('torch.')} {what} give a row bits that depend on how "
-        f"many rows share the call, in every layout tried ({'; '.join(r.name for r in CANDIDATES)}): "
+        f"on this CPU ({cpu_isa()}) {str(dtype).removeprefix('torch.')} {what} change a row's bits with the number "
+        f"of rows in the call, in every layout tried ({'; '.join(r.name for r in CANDIDATES)}): "
         f"{_way_out(dtype)}"
     )
 
