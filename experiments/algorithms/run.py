@@ -121,6 +121,9 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="rlcore-algorithms-"))
     results_path = work / "results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    renamed = {"reinforce_pp/": "reinforce-pp/"}  # the preset's name before issue 57 (results.json keeps it)
+    for old, new in renamed.items():
+        results = {(new + k.removeprefix(old) if k.startswith(old) else k): v for k, v in results.items()}
     for preset in args.presets:
         for task in args.tasks:
             for seed in args.seeds:

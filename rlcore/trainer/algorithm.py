@@ -323,7 +323,7 @@ def critic_optim(cfg: Config) -> OptimConfig:
     models' default) and warm-up."""
     c: CriticConfig = cfg.critic
     lr = c.lr if c.lr is not None else LIBRARY_DEFAULTS.critic_lr
-    return dataclasses.replace(cfg.optim, lr=lr, warmup_steps=c.warmup_steps)
+    return dataclasses.replace(cfg.optim, lr=lr, warmup_steps=c.lr_warmup_steps)
 
 
 def updates_per_run(cfg: Config) -> int:

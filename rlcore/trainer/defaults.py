@@ -55,7 +55,7 @@ class KindDefaults:
 
 DEFAULTS: dict[Kind, KindDefaults] = {
     "builtin": KindDefaults(
-        lr=1e-3,  # the default run's (README: reverse from greedy val 0.233 to 0.996 in 30 steps)
+        lr=1e-3,  # the default run's (README: reverse from greedy val 0.233 to 0.993 in 30 steps)
         lora_lr=5e-3,  # rank 16, alpha 32, default task: val 0.998 (experiments/README.md, issue 19)
         critic_lr=1e-3,  # the actor's, as before issue 56
         max_tokens=12,  # the built-in tasks' answers are a few tokens (the default run's responses: 5-7)

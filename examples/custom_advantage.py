@@ -1,7 +1,9 @@
 """Plug a new advantage estimator and a new policy loss into train.py without editing the library:
-`python experiments/custom_advantage.py --trainer.steps 20`. Median baseline A_i = s_i - median of
-the group: its parameter names say what it is fed (`group_ids`: n >= 2 is checked). The loss halves
-PPO's upper clip; `clip_high` gets --algo.clip-high by its name.
+
+    python examples/custom_advantage.py --trainer.steps 20      # any train.py flag may follow
+
+Median baseline A_i = s_i - median of the group: its parameter names say what it is fed (`group_ids`:
+n >= 2 is checked). The loss halves PPO's upper clip; `clip_high` gets --algo.clip-high by its name.
 """
 
 import sys

@@ -1,13 +1,14 @@
-"""GRPO on a user environment: `--rollout.env experiments/envs/reverse_retry.py:ReverseRetry`, 2 turns.
+"""GRPO on a user environment: `--rollout.env examples/envs/reverse_retry.py:ReverseRetry`, 2 turns.
 
-    .venv/bin/python experiments/env_demo.py                  # 30 steps, seeds 0 1, ~4 minutes
-    .venv/bin/python experiments/env_demo.py --steps 3 --seeds 0   # checks the script runs
+    .venv/bin/python examples/env_demo.py                  # 30 steps, seeds 0 1, ~4 minutes
+    .venv/bin/python examples/env_demo.py --steps 3 --seeds 0   # checks the script runs
 
-Issue 20. Writes verl-format rows of the reverse task under the data_source "reverse_retry" (no reward
+Writes verl-format rows of the reverse task under the data_source "reverse_retry" (no reward
 function: the environment alone scores), runs the real train.py (GRPO, tiny-reverse, 32 prompts x 8,
 greedy validation every 10 steps) and prints, per seed, the mean episode score over thirds of the run,
 the share of episodes that needed the retry (agent/turns_mean - 1), the observation tokens per
-episode and the validation scores. Reports, never asserts.
+episode and the validation scores. Reports, never asserts. A recorded run: experiments/README.md,
+"env_demo: GRPO on a user environment". The environment itself is examples/envs/reverse_retry.py.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from rlcore.data.tasks import generate_rows
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = "experiments/envs/reverse_retry.py:ReverseRetry"
+ENV = "examples/envs/reverse_retry.py:ReverseRetry"
 
 
 def write_rows(path: Path, split: str, n: int) -> None:
