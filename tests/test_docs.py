@@ -343,3 +343,69 @@ def test_the_gsm8k_example_writes_rows_rlcore_reads_and_scores(tmp_path):
     assert default_compute_score(rows[1].data_source, "so #### 2", rows[1].ground_truth) == 0.0
     cmd = gsm8k_grpo.command(tmp_path / "t.parquet", tmp_path / "v.parquet", ["--trainer.steps", "1"])
     assert parse(cmd[2:]).model.path == gsm8k_grpo.MODEL  # the command line parses
+
+
+RUN_AND_LIST = """
+import json, runpy, sys
+out, listing = sys.argv[1], sys.argv[2]
+sys.argv = ["train.py", "--trainer.steps", "2", "--trainer.val-every", "0", "--out-dir", out]
+try:
+    runpy.run_path("train.py", run_name="__main__")
+except SystemExit as e:
+    code = e.code
+else:
+    code = 0
+json.dump({"code": code, "modules": sorted({m.split(".")[0] for m in sys.modules})}, open(listing, "w"))
+"""
+
+
+def _base_requirements() -> set[str]:
+    """rlcore's base dependencies (pyproject.toml, as installed) and, transitively, what each requires
+    (extras aside)."""
+    import importlib.metadata as md
+
+    def name(spec: str) -> str:
+        return re.split(r"[<>=!~;\[ ]", spec, maxsplit=1)[0].strip().lower().replace("_", "-")
+
+    todo = [name(r) for r in md.requires("rlcore") or [] if "extra ==" not in r]
+    seen: set[str] = set()
+    while todo:
+        dist = todo.pop()
+        if dist in seen:
+            continue
+        seen.add(dist)
+        try:
+            requires = md.requires(dist) or []
+        except md.PackageNotFoundError:
+            continue
+        todo += [name(r) for r in requires if "extra ==" not in r]
+    return seen
+
+
+def test_the_base_install_is_enough_for_the_quick_start(tmp_path):
+    """`pip install -e .` without extras runs `python train.py` (the README's first lines): the quick start
+    (2 steps) imports no distribution other than pyproject's base dependencies and what they require, so a
+    fresh machine needs neither the test extras nor vLLM. (A second venv per CI run would cost ~1 min of
+    installs; this checks the part that can break: an import of an optional package on the default path.)"""
+    import importlib.metadata as md
+    import json
+
+    listing = tmp_path / "modules.json"
+    proc = subprocess.run([sys.executable, "-c", RUN_AND_LIST, str(tmp_path / "run"), str(listing)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert listing.is_file(), proc.stderr[-2000:]
+    seen = json.loads(listing.read_text())
+    assert seen["code"] in (0, None), proc.stderr[-2000:]
+    owners = md.packages_distributions()
+    allowed = _base_requirements()
+    ours = {"rlcore", "configs", "train", "__main__", "__mp_main__"}
+    soft = {"triton", "sentencepiece", "cloudpickle", "dill"}  # torch and transformers import them when present;
+    # a fresh venv of `pip install torch==2.13.0 && pip install -e .` lacks them and ran the quick start (2026-12-06)
+    imported = {
+        dist.lower().replace("_", "-")
+        for module in seen["modules"]
+        if module not in sys.stdlib_module_names and module not in ours and not module.startswith("_")
+        for dist in owners.get(module, [])
+    }
+    extra = imported - allowed - soft
+    assert extra == set(), f"the quick start imports optional distributions: {sorted(extra)}"
