@@ -49,7 +49,11 @@ def test_vllm_samples_from_each_adapter_version_it_is_given(policy, tmp_path) ->
             save_adapter(model, dirs[-1])
             engine.use_adapter(dirs[-1])
             out = engine.generate(prompts, sp)
-            assert sampled_logprobs_gap(model, out) < 1e-4, version  # the adapted policy's log-probs
+            # the adapted policy's log-probs. The bound's basis: vLLM adds the adapter by its own LoRA kernels
+            # (another reduction order, split by its threads) where the trainer runs peft's; measured up to
+            # 1.45e-4 (an AVX-512 EPYC, 2026-12-06, beside another pytest worker), 2-7e-5 in other runs. 1e-3 is
+            # 7x that and 10x under the gap to the base model the next line requires.
+            assert sampled_logprobs_gap(model, out) < 1e-3, version
             assert sampled_logprobs_gap(base, out) > 1e-2, version  # not the base's
         assert not dirs[0].exists() and dirs[1].exists()  # the previous version's directory is removed
     finally:
