@@ -45,7 +45,9 @@ are guarded on that count).
 The environment variables below are set in the constructor only where unset:
 `VLLM_ENABLE_V1_MULTIPROCESSING=0` (the engine core runs in this process, so weights can be
 reached), `VLLM_CPU_OMP_THREADS_BIND=nobind` (do not pin the trainer's threads),
-`VLLM_CPU_KVCACHE_SPACE=1` (GiB of KV cache on CPU), `VLLM_CACHE_ROOT` (a fresh temporary directory).
+`VLLM_CPU_KVCACHE_SPACE=1` (GiB of KV cache on CPU), `VLLM_CACHE_ROOT` (rlcore's per-user cache,
+`~/.cache/rlcore/vllm` (`_shared_cache`); a temporary directory, removed at close, where that cannot be
+written).
 
 On CPU chunked prefill is off: when a step splits a prompt's prefill, vLLM rewinds that request's
 seeded generator (`Generator.set_offset`), which CPU generators lack, and vllm-cpu 0.32 crashes
@@ -136,8 +138,25 @@ def _set_env_defaults() -> str | None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if "VLLM_CACHE_ROOT" in os.environ:
         return None
+    shared = _shared_cache()
+    if shared is not None:
+        os.environ["VLLM_CACHE_ROOT"] = str(shared)
+        return None
     os.environ["VLLM_CACHE_ROOT"] = tempfile.mkdtemp(prefix="rlcore-vllm-cache-")
     return os.environ["VLLM_CACHE_ROOT"]
+
+
+def _shared_cache() -> Path | None:
+    """rlcore's per-user vLLM cache, `$XDG_CACHE_HOME/rlcore/vllm` (default `~/.cache/rlcore/vllm`), or None
+    where it cannot be written. vLLM keeps there what it learns of a model class (`modelinfos/`, keyed by a
+    hash of the class's source and written atomically), which it otherwise learns in a subprocess that
+    imports torch, transformers and vLLM again: ~5 s of CPU at every engine start (2-core EPYC)."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlcore" / "vllm"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return root if os.access(root, os.W_OK | os.X_OK) else None
 
 
 @contextlib.contextmanager
@@ -322,8 +341,7 @@ class VLLMEngine:
 
     def adapter_dir(self) -> Path:
         """A fresh directory to write the next adapter version into (removed when a later one is used)."""
-        root = Path(self._cache_root or tempfile.gettempdir())
-        return Path(tempfile.mkdtemp(prefix="rlcore-lora-", dir=root))
+        return Path(tempfile.mkdtemp(prefix="rlcore-lora-", dir=self._cache_root))
 
     def use_adapter(self, directory: str | os.PathLike) -> None:
         """Generate with the peft adapter in `directory` from now on (a new adapter id, so vLLM loads it

@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -207,6 +208,26 @@ def test_cpu_rejects_unsupported_head_dim(tmp_path) -> None:
     tokenizer.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="head_dim 24"):
         VLLMEngine(tmp_path, dtype="float32")
+
+
+def test_the_vllm_cache_is_shared_where_it_can_be_written(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """VLLM_CACHE_ROOT where unset: rlcore's per-user cache (an engine start then skips vLLM's subprocess
+    that inspects the model class), or, where that cannot be written, a temporary directory the engine owns."""
+    from rlcore.rollout import vllm_engine
+
+    for name in ("VLLM_CACHE_ROOT", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE"):
+        monkeypatch.delenv(name, raising=False)  # restored as they were after the test
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert vllm_engine._set_env_defaults() is None  # shared: nothing to remove at close
+    assert os.environ["VLLM_CACHE_ROOT"] == str(tmp_path / "xdg" / "rlcore" / "vllm")
+    monkeypatch.delenv("VLLM_CACHE_ROOT")
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))  # not a directory: cannot hold the cache
+    owned = vllm_engine._set_env_defaults()
+    assert owned is not None and os.environ["VLLM_CACHE_ROOT"] == owned and Path(owned).is_dir()
+    os.rmdir(owned)
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "mine"))  # the user's own stays
+    assert vllm_engine._set_env_defaults() is None and os.environ["VLLM_CACHE_ROOT"] == str(tmp_path / "mine")
 
 
 def test_constructor_leaves_the_process_alone(engine) -> None:
@@ -430,7 +451,8 @@ def test_train_py_rolls_out_on_vllm_with_weights_synced_every_step(tmp_path) -> 
 
     scratch = tmp_path / "tmp"  # the engine's temporary model and cache directories go here
     scratch.mkdir()
-    env = os.environ | {"TRANSFORMERS_VERBOSITY": "error", "TMPDIR": str(scratch)}
+    cache = tmp_path / "cache"  # XDG_CACHE_HOME: the engines share rlcore/vllm in it
+    env = os.environ | {"TRANSFORMERS_VERBOSITY": "error", "TMPDIR": str(scratch), "XDG_CACHE_HOME": str(cache)}
     env.pop("VLLM_CACHE_ROOT", None)
     proc = torchrun(*TRAIN_ARGS, "--out-dir", str(tmp_path / "run"), timeout=400, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -438,6 +460,7 @@ def test_train_py_rolls_out_on_vllm_with_weights_synced_every_step(tmp_path) -> 
     from rlcore.trainer.logger import read_metrics
 
     assert not [p.name for p in scratch.iterdir() if p.name.startswith("rlcore-vllm")]  # cleaned up
+    assert list((cache / "rlcore" / "vllm" / "modelinfos").glob("*.json"))  # what vLLM learnt of the class
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")  # step 0: validation before training
     assert [r["step"] for r in records] == [0, 1, 2, 3]
     assert all(r["rollout/logprob_diff_max"] < 1e-3 for r in records[1:]), records
