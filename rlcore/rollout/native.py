@@ -37,7 +37,7 @@ No KV cache outlives a `generate` call, so `sleep()` only has weights to free: w
 `offload_on_sleep=True` on a GPU it moves the engine's own copy to CPU (never use it on a module the
 trainer shares), and on CUDA it empties the allocator cache; `wake()` moves the weights back.
 
-`compile=True` compiles the lean step (CPU inductor, dynamic rows and length: ~30-70 s once per
+`compile=True` compiles the lean step (CPU inductor, dynamic rows and length: ~20-40 s once per
 process, then 1.1-1.3x faster steps with 4-128 live rows; experiments/README.md, issue 17); for other
 models it compiles the HF module. For GPUs: `kv_cache="static"` decodes with HF's `StaticCache` (HF
 step) and full-length masks, so every decode step has the same shapes, and `compile=True,
