@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from rlcore.models import build_char_tokenizer
-from rlcore.models.moe import MOE_FAMILIES, checkpoint_tensors
+from rlcore.models.families import FAMILIES
+from rlcore.models.moe import checkpoint_tensors
 from rlcore.pure import token_logprobs
 from rlcore.rollout.base import SamplingParams
 from rlcore.rollout.vllm_engine import VLLMEngine, logprob_gap
@@ -58,7 +59,7 @@ def gap(engine: VLLMEngine, model: torch.nn.Module, tokenizer: object) -> float:
 def stock_push(engine: VLLMEngine, model: torch.nn.Module) -> None:
     """The push before rlcore's writer: every tensor, experts included, through vLLM's in-place reload."""
     named = ((n, p.detach()) for n, p in model.named_parameters())
-    weights = (pair for n, t in named for pair in checkpoint_tensors(MOE_FAMILIES["qwen3_moe"], n, t))
+    weights = (pair for n, t in named for pair in checkpoint_tensors(FAMILIES["qwen3_moe"].moe, n, t))
     engine._worker().reload_weights(weights_iterator=weights)
     engine._drop_stale_kv()
 

@@ -209,7 +209,7 @@ def test_router_replay_needs_a_mixture_of_experts():
         check_routing(with_(BASE, algo=AlgoConfig(router_replay="replay")))
     assert str(info.value) == (
         f"--algo.router-replay replay with --model.path {BASE.model.path}: a llama model has no router; use a "
-        "mixture of experts (mixtral, olmoe, qwen2_moe, qwen3_moe) or --algo.router-replay off"
+        "mixture of experts (gpt_oss, mixtral, olmoe, qwen2_moe, qwen3_moe) or --algo.router-replay off"
     )
 
 

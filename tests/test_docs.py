@@ -409,3 +409,19 @@ def test_the_base_install_is_enough_for_the_quick_start(tmp_path):
     }
     extra = imported - allowed - soft
     assert extra == set(), f"the quick start imports optional distributions: {sorted(extra)}"
+
+
+def test_the_family_table_is_the_records():
+    """docs/models.md's table of what each family refuses is what `rlcore.models.families` says, row by row."""
+    from rlcore.models.families import FEATURES, compatibility
+
+    text = (ROOT / "docs" / "models.md").read_text()
+    table = text.split("<!-- family-table -->\n", 1)[1].split("\n\n", 1)[0].strip().splitlines()
+    cols = list(FEATURES)
+    assert table[0] == "| family | " + " | ".join(cols) + " |"
+
+    def cell(feature: str, why: str | None) -> str:
+        return "✓" if why is None else ("HF step" if feature == "lean" else "refused")
+
+    expected = [f"| {name} | " + " | ".join(cell(c, row[c]) for c in cols) + " |" for name, row in compatibility()]
+    assert table[2:] == expected

@@ -28,12 +28,11 @@ from rlcore.dist.fsdp import (
 from rlcore.dist.mesh import DistInfo, MeshAxis, build_mesh, close_distributed, init_distributed
 from rlcore.dist.reduce import all_reduce, all_reduce_int, mesh_size
 from rlcore.dist.stream import gathered_state, iter_full_state, save_hf_pretrained
-from rlcore.dist.tp import TP_PLANS, apply_tp, tp_problem
+from rlcore.dist.tp import apply_tp, tp_problem
 
 __all__ = [
     "DistInfo",
     "MeshAxis",
-    "TP_PLANS",
     "all_reduce",
     "all_reduce_int",
     "apply_activation_checkpointing",

@@ -57,13 +57,16 @@ def expert_params(model: nn.Module) -> set[nn.Parameter]:
 
 def ep_problem(config: Any, ep: int) -> str | None:
     """One line saying why `config`'s model cannot be split over `ep` expert-parallel ranks, or None."""
-    from rlcore.models.moe import MOE_FAMILIES
+    from rlcore.models.families import covering, family_of
 
     if ep == 1:
         return None
-    kind = getattr(config, "model_type", "?")
-    if kind not in MOE_FAMILIES:
-        return f"expert parallelism needs a mixture of experts ({', '.join(sorted(MOE_FAMILIES))}); {kind} is dense"
+    family = family_of(config)
+    why = family.refusal("ep")
+    if why is not None and family.moe is None:
+        return f"expert parallelism needs a mixture of experts ({', '.join(covering('ep'))}); {family.model_type} is dense"
+    if why is not None:
+        return f"{family.name}: {why}"
     experts = _num_experts(config)
     if experts % ep:
         return (

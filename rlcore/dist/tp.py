@@ -16,7 +16,8 @@ to the embeddings stays whole (full logits on every rank). Attention reshapes wi
 `-1` heads, so the layers run unchanged on their local heads; Qwen3's per-head q/k norms hold their
 weight as a replicated DTensor over the head-sharded input, so its gradient sums every rank's heads.
 Backward all-reduces the input gradients of the column-wise layers (DTensor does it), so the replicated
-parameters get the full gradient on every tp rank. Plans are a plain table by `config.model_type`.
+parameters get the full gradient on every tp rank. A family's record names its plan
+(`rlcore.models.families`; the plans: `rlcore.dist.tp_plans`).
 
 LoRA layers (`rlcore.models.lora`) split with their base layer, by `ADAPTER_PLANS`. The base layer splits
 as the plan says. On a column-wise layer, A (r x in) is replicated and B (out x r) is split column-wise
@@ -31,7 +32,7 @@ norm and the optimizer read them (`rlcore.update`; under FSDP2 its reduction doe
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -42,56 +43,20 @@ from torch.distributed.tensor import DTensor, Replicate, distribute_module
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
-    PrepareModuleInput,
     RowwiseParallel,
-    SequenceParallel,
     parallelize_module,
 )
-
-
-def _shared_input(**kwarg: Any) -> ParallelStyle:
-    """The block's input made one replicated DTensor before its column-wise projections read it: their
-    input gradients then sum locally and meet in one all-reduce per block, not one per projection."""
-    if kwarg:
-        return PrepareModuleInput(
-            input_kwarg_layouts=kwarg, desired_input_kwarg_layouts=kwarg, use_local_output=False
-        )
-    return PrepareModuleInput(
-        input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),), use_local_output=False
-    )
-
-
-LLAMA_LAYER_PLAN: dict[str, Callable[[], ParallelStyle]] = {
-    "self_attn": functools.partial(_shared_input, hidden_states=Replicate()),  # called with hidden_states=
-    "mlp": _shared_input,
-    "self_attn.q_proj": ColwiseParallel,
-    "self_attn.k_proj": ColwiseParallel,
-    "self_attn.v_proj": ColwiseParallel,
-    "self_attn.o_proj": RowwiseParallel,
-    "mlp.gate_proj": ColwiseParallel,
-    "mlp.up_proj": ColwiseParallel,
-    "mlp.down_proj": RowwiseParallel,
-}
-"""Submodule of a decoder layer -> how it is split."""
-
-_PER_HEAD_NORM = functools.partial(SequenceParallel, sequence_dim=2, use_local_output=True)
-"""A norm over each local head (b, s, heads, head_dim): its weight a replicated DTensor, so the partial
-gradients of the tp ranks' heads are summed."""
-
-TP_PLANS: dict[str, dict[str, Callable[[], ParallelStyle]]] = {
-    **dict.fromkeys(("llama", "mistral", "qwen2"), LLAMA_LAYER_PLAN),
-    "qwen3": {**LLAMA_LAYER_PLAN, "self_attn.q_norm": _PER_HEAD_NORM, "self_attn.k_norm": _PER_HEAD_NORM},
-}
-"""Layer plans by Hugging Face `model_type`; add an entry for another architecture."""
 
 
 def tp_problem(config: Any, tp: int) -> str | None:
     """One line on why `config` cannot be split `tp` ways (None if it can)."""
     if tp == 1:
         return None
-    kind = getattr(config, "model_type", None)
-    if kind not in TP_PLANS:
-        return f"no tensor-parallel plan for model_type {kind!r} (plans: {', '.join(sorted(TP_PLANS))})"
+    from rlcore.models.families import covering, family_of  # (the families import the plans from rlcore.dist)
+
+    family = family_of(config)
+    if family.tp_plan is None:
+        return f"no tensor-parallel plan for model_type {family.model_type!r} (plans: {', '.join(covering('tp'))})"
     sizes = {
         "num_attention_heads": config.num_attention_heads,
         "num_key_value_heads": getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
@@ -110,7 +75,9 @@ def apply_tp(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
         raise ValueError(problem)
     if mesh.size() == 1:
         return model
-    plan = TP_PLANS[model.config.model_type]
+    from rlcore.models.families import family_of
+
+    plan = family_of(model).tp_plan
     frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
     for layer in _layers(model):
         parallelize_module(layer, mesh, _layer_plan(layer, plan))
@@ -154,7 +121,7 @@ ADAPTER_PLANS: dict[type[ParallelStyle], tuple[Callable[[], ParallelStyle], Call
 """How a LoRA layer's (A, B) split, by its base layer's style (see the module docstring)."""
 
 
-def _layer_plan(layer: nn.Module, plan: dict[str, Callable[[], ParallelStyle]]) -> dict[str, ParallelStyle]:
+def _layer_plan(layer: nn.Module, plan: Mapping[str, Callable[[], ParallelStyle]]) -> dict[str, ParallelStyle]:
     """`plan` for one decoder layer, a LoRA layer's entry replaced by its base layer's and adapters'."""
     out: dict[str, ParallelStyle] = {}
     for name, make in plan.items():

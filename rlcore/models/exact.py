@@ -80,6 +80,7 @@ from rlcore.models.exact_kernels import (
     stacks_exactly,
     under_kernels,
 )
+from rlcore.models.families import covering, family_of
 from rlcore.models.vision import vision_tower
 
 __all__ = [
@@ -323,6 +324,10 @@ def why_not_exact(model: nn.Module) -> str | None:
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "_attn_implementation"):
         return f"{type(model).__name__} is not a transformers model"
+    family = family_of(model)
+    why = family.refusal("exact")
+    if why is not None:  # the families exact mode was built and shown for: rlcore.models.families
+        return f"{family.name}: {why} (exact mode covers {', '.join(covering('exact'))})"
     if _rotary(model) is None:
         return (f"{type(model).__name__} has no rotary embedding at .model.rotary_emb or "
                 ".model.language_model.rotary_emb (a transformers causal LM with rotary positions)")

@@ -6,7 +6,8 @@
     trace.experts()                         # (N, L, k) long: tokens x MoE layers x experts per token
     tap.replay = routes                     # (N, L, k): the next forwards route each token there (R3)
 
-Covered (`MOE_FAMILIES`): Qwen3-MoE, Qwen2-MoE (with its shared expert), Mixtral and OLMoE, as
+Covered (the families whose record has a `MoESpec`, `rlcore.models.families`): Qwen3-MoE, Qwen2-MoE (with
+its shared expert), Mixtral, OLMoE and gpt-oss, as
 `from_pretrained` builds them in transformers 5: each MoE layer has a `<Family>TopKRouter` that maps
 the flattened hidden states (N, h) to (router logits (N, E), gate weights (N, k), experts (N, k)). A
 forward hook on every router records its choice, or replaces it: in replay, the experts are the
@@ -32,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from rlcore.models.families import MoESpec, family_of
 from rlcore.pure.routing import (
     load_balancing_loss,
     replay_gates,
@@ -41,37 +43,13 @@ from rlcore.pure.routing import (
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class MoEFamily:
-    """How one family's router is found, how it renormalises its top-k gate weights, and how its
-    checkpoints name the experts that transformers 5 fuses into 3-D tensors."""
-
-    router_class: str
-    """The router module's class name."""
-    normalize_attr: str | None
-    """The router attribute saying whether the top-k weights are renormalised (None: always)."""
-    checkpoint_block: str = "mlp"
-    """The MoE block's name in the checkpoint (transformers names it `mlp`)."""
-    checkpoint_experts: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
-    """The checkpoint's per-expert gate, up and down projections."""
+def moe_family(model: nn.Module) -> MoESpec | None:
+    """The routing of `model` (a causal LM, possibly wrapped) when its family is a mixture of experts
+    (`rlcore.models.families`), else None."""
+    return family_of(model).moe
 
 
-MOE_FAMILIES: dict[str, MoEFamily] = {
-    "qwen3_moe": MoEFamily("Qwen3MoeTopKRouter", "norm_topk_prob"),
-    "qwen2_moe": MoEFamily("Qwen2MoeTopKRouter", "norm_topk_prob"),
-    "mixtral": MoEFamily("MixtralTopKRouter", None, "block_sparse_moe", ("w1", "w3", "w2")),
-    "olmoe": MoEFamily("OlmoeTopKRouter", "norm_topk_prob"),
-}
-"""`config.model_type` -> its router; the mixture-of-experts families rlcore trains."""
-
-
-def moe_family(model: nn.Module) -> MoEFamily | None:
-    """The family of `model` (a causal LM, possibly wrapped) when it is a covered MoE, else None."""
-    config = getattr(model, "config", None)
-    return MOE_FAMILIES.get(getattr(config, "model_type", ""))
-
-
-def checkpoint_tensors(family: MoEFamily, name: str, tensor: Tensor) -> Iterator[tuple[str, Tensor]]:
+def checkpoint_tensors(family: MoESpec, name: str, tensor: Tensor) -> Iterator[tuple[str, Tensor]]:
     """(name, tensor) as the family's checkpoints hold it: a fused expert tensor (`...mlp.experts.
     gate_up_proj` (E, 2i, h), `...mlp.experts.down_proj` (E, h, i)) as one 2-D weight per expert and
     projection, the block renamed as the checkpoint names it; anything else as it is. Engines that
@@ -91,7 +69,7 @@ def checkpoint_tensors(family: MoEFamily, name: str, tensor: Tensor) -> Iterator
             yield f"{expert}.{up}.weight", u
 
 
-def _checkpoint_block(family: MoEFamily, name: str) -> str:
+def _checkpoint_block(family: MoESpec, name: str) -> str:
     if family.checkpoint_block == "mlp":
         return name
     return name.replace(".mlp.", f".{family.checkpoint_block}.")
@@ -169,7 +147,7 @@ class RouterTap:
             normalize = (
                 True if family.normalize_attr is None else bool(getattr(router, family.normalize_attr))
             )
-            router.register_forward_hook(functools.partial(self._hook, i, normalize))
+            router.register_forward_hook(functools.partial(self._hook, i, normalize, family.gates_over_chosen))
 
     def set_replay(self, routes: Tensor | None) -> None:
         """Route the following forwards' tokens by `routes` (N, L, k) long (-1: the router's own
@@ -185,7 +163,9 @@ class RouterTap:
         finally:
             self._trace = None
 
-    def _hook(self, layer: int, normalize: bool, module: nn.Module, args: Any, output: Any) -> Any:
+    def _hook(
+        self, layer: int, normalize: bool, over_chosen: bool, module: nn.Module, args: Any, output: Any
+    ) -> Any:
         logits, gates, experts = output
         natural = experts
         if self.replay is not None and self.replays:
@@ -196,7 +176,7 @@ class RouterTap:
                     f"{tuple(experts.shape)} (tokens, k) at MoE layer {layer}"
                 )
             experts = torch.where(recorded >= 0, recorded, experts)
-            gates = replay_gates(logits, experts, normalize=normalize).to(gates.dtype)
+            gates = replay_gates(logits, experts, normalize=normalize, over_chosen=over_chosen).to(gates.dtype)
             output = (logits, gates, experts)
         if self._trace is not None:
             self._trace.logits.append(logits)

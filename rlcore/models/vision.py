@@ -28,13 +28,7 @@ import torch
 from torch import Tensor
 
 from rlcore.data.vision import VisionProcessor
-
-VISION_FAMILIES: dict[str, str] = {
-    "qwen2_vl": "Qwen2VLImageProcessorPil",
-    "qwen2_5_vl": "Qwen2VLImageProcessorPil",
-    "qwen3_vl": "Qwen2VLImageProcessorPil",
-}
-"""model_type -> the PIL image processor class of `transformers` that prepares its pixels."""
+from rlcore.models.families import family_of
 
 VISION_FIELDS = ("pixel_values", "image_grid_thw")
 """The per-row vision inputs a batch carries in `multi_modal_inputs` (see `rlcore.data.prompts`)."""
@@ -42,7 +36,7 @@ VISION_FIELDS = ("pixel_values", "image_grid_thw")
 
 def is_vision_config(config: Any) -> bool:
     """Whether a model config is of a vision-language family rlcore covers."""
-    return getattr(config, "model_type", None) in VISION_FAMILIES
+    return family_of(config).vision is not None
 
 
 def vision_tower(model: Any) -> Any:
@@ -87,7 +81,7 @@ def load_vision_processor(directory: Path, config: Any, tokenizer: Any) -> Visio
     import transformers
 
     settings = _processor_settings(directory)
-    cls = getattr(transformers, VISION_FAMILIES[config.model_type], None)
+    cls = getattr(transformers, family_of(config).vision, None)
     if cls is None:  # older transformers export it from the family's module only
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil as cls
     keys = ("patch_size", "merge_size", "temporal_patch_size", "min_pixels", "max_pixels", "size",

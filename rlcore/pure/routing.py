@@ -23,9 +23,13 @@ import torch
 from torch import Tensor
 
 
-def replay_gates(router_logits: Tensor, experts: Tensor, *, normalize: bool) -> Tensor:
-    """Gate weights (N, k) float32 of `experts` (N, k) under `router_logits` (N, E): p = softmax(logits)
-    gathered at the experts, divided by their sum when `normalize`."""
+def replay_gates(router_logits: Tensor, experts: Tensor, *, normalize: bool, over_chosen: bool = False) -> Tensor:
+    """Gate weights (N, k) of `experts` (N, k) under `router_logits` (N, E): p = softmax(logits) in float32
+    gathered at the experts, divided by their sum when `normalize`; with `over_chosen` the softmax of the
+    chosen experts' logits alone, in the logits' dtype (gpt-oss's router: the same value as normalising,
+    computed as that router computes it, so a replay of its own choice changes no bit)."""
+    if over_chosen:
+        return torch.softmax(router_logits.gather(-1, experts), dim=-1, dtype=router_logits.dtype)
     probs = torch.softmax(router_logits.float(), dim=-1)  # (N, E)
     gates = probs.gather(-1, experts)  # (N, k)
     return gates / gates.sum(dim=-1, keepdim=True) if normalize else gates

@@ -2,7 +2,7 @@
 
     why = unsupported(model)              # None when the lean step computes what the modules do
 
-Covered (`LEAN_MODEL_TYPES`): Llama, Qwen2, Qwen3 (q/k RMSNorm), Mistral, and the mixtures of experts
+Covered (the families whose record says `lean`, `rlcore.models.families`): Llama, Qwen2, Qwen3 (q/k RMSNorm), Mistral, and the mixtures of experts
 with their attention (Qwen2-MoE, Qwen3-MoE, Mixtral; OLMoE normalises q/k over all heads at once and
 keeps the Hugging Face step), as `from_pretrained` builds them (`<Type>ForCausalLM` with `.model.layers`
 and `.lm_head`), every layer full attention, a rotary type that does not depend on the sequence length
@@ -20,9 +20,7 @@ import torch
 from torch import Tensor
 
 from rlcore.models import exact
-
-LEAN_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "qwen2_moe", "qwen3_moe", "mixtral"})
-"""`config.model_type`s whose decoder layers the lean step reproduces."""
+from rlcore.models.families import covering, family_of
 
 STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
 """Rotary types whose cos/sin at a position do not depend on the sequence length."""
@@ -71,9 +69,9 @@ def full_attention_only(config: Any) -> bool:
 def unsupported(model: torch.nn.Module) -> str | None:
     """Why the lean step cannot run `model` (one phrase), or None when it can."""
     config = getattr(model, "config", None)
-    model_type = getattr(config, "model_type", None)
-    if model_type not in LEAN_MODEL_TYPES:
-        return f"model_type {model_type!r} is not one of {sorted(LEAN_MODEL_TYPES)}"
+    why = family_of(model).refusal("lean")
+    if why is not None:
+        return f"model_type {getattr(config, 'model_type', None)!r}: {why} (lean: {covering('lean')})"
     base, head = getattr(model, "model", None), getattr(model, "lm_head", None)
     if base is None or head is None or not hasattr(base, "layers") or not hasattr(base, "rotary_emb"):
         return f"{type(model).__name__} is not a <Type>ForCausalLM with .model.layers and .lm_head"

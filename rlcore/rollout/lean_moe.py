@@ -24,10 +24,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-PLAIN_BLOCKS = frozenset({"Qwen3MoeSparseMoeBlock", "MixtralSparseMoeBlock"})
-"""Sparse blocks whose forward is the router, then the experts, and nothing else."""
-PLAIN_EXPERTS = frozenset({"Qwen3MoeExperts", "MixtralExperts"})
-"""Experts modules computing down(act(gate) * up) per expert from their fused tensors."""
+from rlcore.models.families import FAMILIES
+
+PLAIN = frozenset((f.moe.lean_block, f.moe.lean_experts) for f in FAMILIES.values() if f.moe and f.moe.lean_block)
+"""(sparse block class, experts class) of each family whose block's forward is the router, then experts
+computing down(act(gate) * up) per expert from their fused tensors, and nothing else (`MoESpec`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,8 +44,7 @@ class PackedExperts:
 def packable(block: torch.nn.Module) -> bool:
     """Whether `experts_mlp` computes what `block` does (see the module docstring)."""
     return (
-        type(block).__name__ in PLAIN_BLOCKS
-        and type(block.experts).__name__ in PLAIN_EXPERTS
+        (type(block).__name__, type(getattr(block, "experts", None)).__name__) in PLAIN
         and not (block.training and getattr(block, "jitter_noise", 0.0) > 0)
         and not block.experts._forward_hooks
         and not block.experts._forward_pre_hooks

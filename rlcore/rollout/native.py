@@ -62,8 +62,9 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, StaticCa
 from rlcore.batch import Batch
 from rlcore.data.prompts import pad_token_id
 from rlcore.models.exact import align_prompts, exact_block
+from rlcore.models.families import covering
 from rlcore.models.forward import ROPE_FIELD, VISION_FIELD, vision_inputs
-from rlcore.models.moe import MOE_FAMILIES, RouterTap, router_tap
+from rlcore.models.moe import RouterTap, router_tap
 from rlcore.models.vision import Images, feeding, placeholder_ids, suppress
 from rlcore.rollout.base import SamplingParams
 from rlcore.rollout.lean import lean_decoder
@@ -223,7 +224,7 @@ class NativeEngine:
         if record_routes and self._tap is None:
             raise ValueError(
                 f"record_routes: {type(model).__name__} is not a mixture of experts rlcore covers "
-                f"({sorted(MOE_FAMILIES)})"
+                f"({covering('router-replay')})"
             )
         self._asleep = self._offloaded = False
         self._on_step: Callable[[Tensor], None] | None = None

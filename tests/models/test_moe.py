@@ -12,11 +12,19 @@ import copy
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, MixtralConfig, OlmoeConfig, Qwen2MoeConfig, Qwen3MoeConfig
+from transformers import (
+    AutoModelForCausalLM,
+    GptOssConfig,
+    MixtralConfig,
+    OlmoeConfig,
+    Qwen2MoeConfig,
+    Qwen3MoeConfig,
+)
 
 from rlcore.batch import Batch
+from rlcore.models.families import FAMILIES as RECORDS
 from rlcore.models.forward import compute_logprobs, sequence_tensors
-from rlcore.models.moe import MOE_FAMILIES, own_routes, router_tap, routers
+from rlcore.models.moe import own_routes, router_tap, routers
 from rlcore.models.policy import load_policy
 from rlcore.pure.routing import route_agreement
 from rlcore.rollout.base import SamplingParams
@@ -33,6 +41,7 @@ FAMILIES = {
     ),
     "mixtral": lambda: MixtralConfig(**SIZES, num_local_experts=4, intermediate_size=16),
     "olmoe": lambda: OlmoeConfig(**SIZES, num_experts=4, intermediate_size=16),
+    "gpt_oss": lambda: GptOssConfig(**SIZES, num_local_experts=4, intermediate_size=16, sliding_window=4),
 }
 
 
@@ -67,7 +76,7 @@ class _Tok:
 
 
 def test_the_families_are_covered():
-    assert set(FAMILIES) == set(MOE_FAMILIES)
+    assert set(FAMILIES) == {t for t, record in RECORDS.items() if record.moe is not None}
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -218,7 +227,7 @@ def test_pushed_experts_are_named_and_shaped_as_the_checkpoint(family, tmp_path)
     model.save_pretrained(tmp_path)
     saved = load_file(tmp_path / "model.safetensors")
     pushed = {n: t for name, p in model.named_parameters()
-              for n, t in checkpoint_tensors(MOE_FAMILIES[family], name, p.detach())}  # fmt: skip
+              for n, t in checkpoint_tensors(RECORDS[family].moe, name, p.detach())}  # fmt: skip
     assert pushed.keys() == saved.keys()
     assert all(torch.equal(pushed[k], saved[k]) for k in saved)
 
