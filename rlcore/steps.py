@@ -20,7 +20,7 @@ from torch import Tensor
 
 from rlcore.algorithm import Algorithm
 from rlcore.batch import Batch, group_ids
-from rlcore.models.forward import RESPONSE_ROPE_FIELD, ROPE_FIELD, ROUTE_FIELDS
+from rlcore.columns import pad_columns
 from rlcore.pure import corrections
 from rlcore.pure.corrections import is_weights, offpolicy_metrics, rejection_mask, veto_mask
 from rlcore.pure.distill import reverse_kl_stats
@@ -175,40 +175,12 @@ def correction_step(
     return batch, {f"rollout_corr/{k}": v for k, v in metrics.items()}
 
 
-PROMPT_FIELDS = ("input_ids", "attention_mask", "position_ids")
-"""The left-padded (b, p) prompt tensors; every other 2-D tensor as wide as `responses` is right-padded."""
-
-
 def concat_rollouts(batches: list[Batch], pad_token_id: int) -> Batch:
     """Rolled-out batches of different prompt and response widths as one: prompts left-padded, responses
-    right-padded to the widest (pad id in `input_ids` / `responses`, 0 elsewhere), then concatenated."""
+    right-padded to the widest (as the batch schema pads each field, `rlcore.columns`), then concatenated."""
     p = max(b["input_ids"].shape[1] for b in batches)
     t = max(b["responses"].shape[1] for b in batches)
-    return Batch.concat([_pad_rollout(b, p, t, pad_token_id) for b in batches])
-
-
-def _pad_rollout(batch: Batch, p: int, t: int, pad_token_id: int) -> Batch:
-    width = batch["responses"].shape[1]
-    padded = {}
-    if ROPE_FIELD in batch and batch[ROPE_FIELD].shape[2] < p:  # (b, 3, p) M-RoPE positions, left-padded
-        padded[ROPE_FIELD] = torch.nn.functional.pad(batch[ROPE_FIELD], (p - batch[ROPE_FIELD].shape[2], 0))
-    if RESPONSE_ROPE_FIELD in batch and width < t:  # (b, 3, t), right-padded
-        padded[RESPONSE_ROPE_FIELD] = torch.nn.functional.pad(batch[RESPONSE_ROPE_FIELD], (0, t - width))
-    for key in batch.keys():  # noqa: SIM118  (iterating a Batch would go over rows)
-        x = batch[key]
-        if not isinstance(x, Tensor) or (x.dim() != 2 and key not in ROUTE_FIELDS):
-            continue
-        value = pad_token_id if key in ("input_ids", "responses") else -1 if key in ROUTE_FIELDS else 0
-        if key in (*PROMPT_FIELDS, ROUTE_FIELDS[0]) and x.shape[1] < p:
-            padded[key] = _pad_columns(x, p - x.shape[1], 0, value)
-        elif key not in (*PROMPT_FIELDS, ROUTE_FIELDS[0]) and x.shape[1] == width and width < t:
-            padded[key] = _pad_columns(x, 0, t - width, value)
-    return batch.with_(**padded, overwrite=True) if padded else batch
-
-
-def _pad_columns(x: Tensor, left: int, right: int, value: int) -> Tensor:
-    """`x` (b, c, ...) with `left` and `right` columns of `value` added along dim 1."""
-    return torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (left, right), value=value)
+    return Batch.concat([pad_columns(b, p, t, pad_token_id) for b in batches])
 
 
 def group_signal(batch: Batch, key: str = "token_scores") -> tuple[Tensor, Tensor]:

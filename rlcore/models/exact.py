@@ -66,6 +66,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rlcore import columns
 from rlcore.batch import Batch
 from rlcore.models.exact_check import calibrate
 from rlcore.models.exact_kernels import (
@@ -112,18 +113,9 @@ def align_prompts(batch: Batch) -> Batch:
 
 
 def left_pad_prompts(batch: Batch, extra: int) -> Batch:
-    """`batch` with `extra` more padding columns before its prompts: `input_ids`, `attention_mask` and
-    `position_ids` (masked, id 0, position 0), a MoE's `prompt_routes` (-1: none) and a vision-language
-    prompt's `rope_positions` (0)."""
-    if not extra:
-        return batch
-    fields = {k: nn.functional.pad(batch[k], (extra, 0)) for k in ("input_ids", "attention_mask", "position_ids")
-              if k in batch}  # fmt: skip
-    if "prompt_routes" in batch:  # (b, p, L, k): none recorded on padding
-        fields["prompt_routes"] = nn.functional.pad(batch["prompt_routes"], (0, 0, 0, 0, extra, 0), value=-1)
-    if "rope_positions" in batch:  # (b, 3, p): a vision-language prompt's M-RoPE positions, 0 on padding
-        fields["rope_positions"] = nn.functional.pad(batch["rope_positions"], (extra, 0))
-    return batch.with_(**fields, overwrite=True)
+    """`batch` with `extra` more padding columns before its prompts, each prompt field padded as the batch
+    schema says (`rlcore.columns`: id 0 here, masked, position 0, no route, M-RoPE position 0)."""
+    return columns.left_pad_prompts(batch, extra, pad_id=0)
 
 
 def _allowed(mask: Tensor | None, q_len: int, kv_len: int, device: torch.device, causal: bool = True) -> Tensor:

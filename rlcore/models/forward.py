@@ -44,6 +44,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from rlcore.batch import Batch
+from rlcore.columns import cut_columns
 from rlcore.data.vision import response_rope_positions
 from rlcore.dist.fsdp import model_mesh
 from rlcore.dist.reduce import all_reduce_int
@@ -141,13 +142,12 @@ def _trimmed(batch: Batch, *, exact: bool = False) -> _Trimmed:
         first = (first // BLOCK) * BLOCK
     response_used = attn_r.any(dim=0)  # (t,)
     width = int(response_used.nonzero().max().item()) + 1 if bool(response_used.any()) else 0
-    routes = None
-    if ROUTE_FIELDS[0] in batch:
-        routes = (batch[ROUTE_FIELDS[0]][:, first:], batch[ROUTE_FIELDS[1]][:, :width])
-    rope = batch[ROPE_FIELD][:, :, first:] if ROPE_FIELD in batch else None
-    response_rope = batch[RESPONSE_ROPE_FIELD][:, :, :width] if RESPONSE_ROPE_FIELD in batch else None
-    return _Trimmed(batch["input_ids"][:, first:], attn_p[:, first:], batch["responses"][:, :width],
-                    attn_r[:, :width], routes, rope, response_rope)  # fmt: skip
+    cut = cut_columns(batch, first, width)  # every per-token field, as the batch schema lays it out
+    routes = (cut[ROUTE_FIELDS[0]], cut[ROUTE_FIELDS[1]]) if ROUTE_FIELDS[0] in cut else None
+    rope = cut[ROPE_FIELD] if ROPE_FIELD in cut else None  # noqa: SIM401  (a Batch has no .get)
+    response_rope = cut[RESPONSE_ROPE_FIELD] if RESPONSE_ROPE_FIELD in cut else None  # noqa: SIM401
+    return _Trimmed(cut["input_ids"], attn_p[:, first:], cut["responses"], attn_r[:, :width], routes, rope,
+                    response_rope)  # fmt: skip
 
 
 def sequence_tensors(batch: Batch) -> ModelInputs:

@@ -36,7 +36,7 @@ rounding (tests/test_lean_decode.py: <= 1e-5 at every step).
 In exact mode (`rlcore.models.exact`) the step runs the trainer's arithmetic instead: `exact.product` for
 every product (q/k/v and gate/up fused only where that is checked to give the unfused bits), the Hugging
 Face RMSNorm, `exact.attend` over the cache, `exact.silu`, and a MoE block inside `exact.under_kernels`,
-so its logits are the trainer's bit for bit (`LeanShape.exact`).
+so its logits are the trainer's bit for bit (`LeanShape.kernels`: `EXACT`).
 
 A mixture of experts' MoE layers call their router module (its hooks fire as in the Hugging Face step, so
 recorded routes work unchanged), then, packed, run each hit expert's two products on oneDNN-packed copies
@@ -83,9 +83,8 @@ class LeanShape:
     qk_eps: float | None
     """Epsilon of Qwen3's per-head q/k RMSNorm; None when the model has none."""
     act: Callable[[Tensor], Tensor]
-    exact: bool = False
-    """Exact mode (`rlcore.models.exact`): its products (`exact.product`) and SiLU, the Hugging Face
-    RMSNorm's arithmetic, and `exact.attend` over the cache with the new key written into it first."""
+    kernels: LeanKernels
+    """The step's arithmetic: `DEFAULT`, or `EXACT` (exact mode, `rlcore.models.exact`), chosen once."""
 
     @property
     def qkv_widths(self) -> tuple[int, int, int]:
@@ -108,7 +107,7 @@ def _shape(model: torch.nn.Module) -> LeanShape:
     dense = [layer.mlp for layer in model.model.layers if sparse_block(layer) is None]
     act = dense[0].act_fn if dense else torch.nn.SiLU()  # (no dense MLP: unused)
     q_norm = getattr(attn, "q_norm", None)
-    is_exact = exact.exact_block(model) is not None
+    kernels = EXACT if exact.exact_block(model) is not None else DEFAULT  # the one place the mode is read
     return LeanShape(
         heads=config.num_attention_heads,
         kv_heads=config.num_key_value_heads,
@@ -116,16 +115,16 @@ def _shape(model: torch.nn.Module) -> LeanShape:
         scaling=float(attn.scaling),
         eps=float(config.rms_norm_eps),
         qk_eps=None if q_norm is None else float(q_norm.variance_epsilon),
-        act=_activation(act, exact_mode=is_exact),
-        exact=is_exact,
+        act=_activation(act, kernels),
+        kernels=kernels,
     )
 
 
-def _activation(act: Callable[[Tensor], Tensor], *, exact_mode: bool) -> Callable[[Tensor], Tensor]:
-    """The MLP's activation as a function: SiLU (torch's or transformers' module) as `F.silu`, or in exact
-    mode as `exact.silu` (what the trainer's forward runs); another activation as its module."""
+def _activation(act: Callable[[Tensor], Tensor], kernels: LeanKernels) -> Callable[[Tensor], Tensor]:
+    """The MLP's activation as a function: SiLU (torch's or transformers' module) as the kernels' SiLU
+    (exact mode's is what the trainer's forward runs); another activation as its module."""
     if isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation":
-        return exact.silu if exact_mode else F.silu
+        return kernels.silu
     return act
 
 
@@ -187,8 +186,7 @@ def lean_step(
         qk = torch.cat((q, k), dim=1)  # (a, heads + kv_heads, d)
         qk = qk * cos + _rotate_half(qk) * sin
         q, k = qk[:, : shape.heads], qk[:, shape.heads :]
-        attend = _attend_exact if shape.exact else _attend
-        x = x + _linear(attend(shape, q, k, v, kv[i, 0], kv[i, 1], bias), wo, bo, lo, prod)
+        x = x + _linear(shape.kernels.attend(shape, q, k, v, kv[i, 0], kv[i, 1], bias), wo, bo, lo, prod)
         h = _norm(shape, x, n2)
         if isinstance(sparse, PackedExperts):  # a MoE layer: its router module, packed experts
             x = x + experts_mlp(sparse, h, _product)
@@ -202,11 +200,16 @@ def lean_step(
 
 
 def _norm(shape: LeanShape, x: Tensor, weight: Tensor, eps: float | None = None) -> Tensor:
-    """RMSNorm over the last dimension (`eps`: the layer norm's, `shape.eps`, unless given): fused, or exact
-    mode's Hugging Face arithmetic (float32, then the weight times the normalised input cast back)."""
-    eps = shape.eps if eps is None else eps
-    if not shape.exact:
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    """RMSNorm over the last dimension by the kernels' norm (`eps`: the layer norm's, `shape.eps`, unless given)."""
+    return shape.kernels.norm(x, weight, shape.eps if eps is None else eps)
+
+
+def _fused_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def _hf_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """The Hugging Face RMSNorm's arithmetic: float32, then the weight times the normalised input cast back."""
     z = x.float()
     z = z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + eps)
     return weight * z.to(x.dtype)
@@ -333,8 +336,8 @@ def _stacks_exactly(layer: Layer, slots: tuple[int, ...]) -> bool:
 
 
 def _product_of(shape: LeanShape) -> Callable[[Tensor, Tensor, Tensor | None], Tensor]:
-    """The step's products: `_product`, or exact mode's (`exact.product`, the trainer's kernel)."""
-    return exact.product if shape.exact else _product
+    """The step's products: the kernels' (`_product`, or exact mode's `exact.product`, the trainer's kernel)."""
+    return shape.kernels.product
 
 
 def _linear(
@@ -374,7 +377,7 @@ class LeanDecoder:
         self.model = model
         self.shape = _shape(model)
         self.compiled = compile
-        self.pack = pack and not compile and not self.shape.exact  # exact: the trainer's own products
+        self.pack = pack and not compile and self.shape.kernels.packs
         self.step_fn: Callable[..., tuple[Tensor, Tensor]] = (
             torch.compile(lean_step, dynamic=True) if compile else lean_step
         )
@@ -412,9 +415,9 @@ class LeanDecoder:
         """(embedding, layers, final norm, head): the module's tensors now, packed where `pack` says."""
         base = self.model.model
         layers, head = tuple(_layer(layer) for layer in base.layers), self.model.lm_head.weight
-        if self.shape.exact:  # the trainer's kernels: per projection, unfused; a MoE block in its mode
-            layers = tuple(_exact_layer(layer) for layer in layers)
-            return base.embed_tokens.weight, layers, base.norm.weight, exact.packed_or_plain(head.detach())
+        if self.shape.kernels.prepare is not None:  # exact: the trainer's kernels, per projection
+            layers, head = self.shape.kernels.prepare(layers, head)
+            return base.embed_tokens.weight, layers, base.norm.weight, head
         if self.pack and can_pack(head):
             layers, head = pack_weights(layers, head)
         return base.embed_tokens.weight, layers, base.norm.weight, head
@@ -454,7 +457,7 @@ class LeanState:
 
     def step(self, tokens: Tensor) -> Tensor:
         """Feed `tokens` (a,) at each row's next position: the logits (a, v) of the token after it."""
-        n, own = self.length, int(self.decoder.shape.exact)  # exact: the new position is attended in place
+        n, own = self.length, self.decoder.shape.kernels.in_place  # 1: the new position is attended in place
         logits, new = self.decoder.step_fn(
             self.decoder.shape,
             *self.weights,
@@ -480,3 +483,37 @@ class LeanState:
                     self.kv[:, :, j, :, :n] = self.kv[:, :, r, :, :n]
             kv = self.kv[:, :, : len(rows)]
         self.kv, self.bias, self.positions = kv, self.bias[keep], self.positions[keep]
+
+
+def _exact_weights(layers: tuple[Layer, ...], head: Tensor) -> tuple[tuple[Layer, ...], Tensor]:
+    """Exact mode's tensors: each layer's (`_exact_layer`), the head by `exact.packed_or_plain`."""
+    return tuple(_exact_layer(layer) for layer in layers), exact.packed_or_plain(head.detach())
+
+
+@dataclasses.dataclass(frozen=True)
+class LeanKernels:
+    """The arithmetic of a lean step, as a value (`DEFAULT` or `EXACT`): the step calls these, and branches
+    on no mode."""
+
+    name: str
+    product: Callable[[Tensor, Tensor, Tensor | None], Tensor]
+    """x W^T + b (W plain or packed)."""
+    norm: Callable[[Tensor, Tensor, float], Tensor]
+    """RMSNorm (x, weight, eps)."""
+    attend: Callable[..., Tensor]
+    """One query per row over the cache (`_attend`'s signature)."""
+    silu: Callable[[Tensor], Tensor]
+    in_place: int
+    """1: the new token's key and value are written into the cache and attended there; 0: beside it."""
+    packs: bool
+    """The decoder may pack the weights into oneDNN's layout at each `start`."""
+    prepare: Callable[[tuple[Layer, ...], Tensor], tuple[tuple[Layer, ...], Tensor]] | None
+    """The layers' and head's tensors as the kernels take them (None: as they are)."""
+
+
+DEFAULT = LeanKernels("default", _product, _fused_norm, _attend, F.silu, in_place=0, packs=True, prepare=None)
+"""Fused norms, packed products, the cache attended beside the new key."""
+
+EXACT = LeanKernels("exact", exact.product, _hf_norm, _attend_exact, exact.silu, in_place=1, packs=False,
+                    prepare=_exact_weights)  # fmt: skip
+"""The trainer's forward's arithmetic, bit for bit (`rlcore.models.exact`)."""

@@ -357,7 +357,7 @@ class NativeEngine:
             ids, pos, prompt_mask = (x.repeat_interleave(n, dim=0) for x in (ids, pos, prompt_mask))
             n = 1
         images, rope, after = _vision_prefill(prompts, pos, self.device)
-        if self._lean is not None and self._lean.shape.exact == (exact_block(self.model) is not None):
+        if self._lean is not None and (self._lean.shape.kernels.name == "exact") == (exact_block(self.model) is not None):
             cache = self._new_cache(ids.shape[1])
             logits = self._prefill(ids, prompt_mask, rope, cache, images)
             state = self._lean.start(cache, prompt_mask, after, n, sp.max_tokens)
