@@ -167,7 +167,7 @@ def lean_step(
     kv_heads, L, head_dim): the cache. Pure: nothing is written (exact mode: L includes the new
     position, which each layer writes before it attends).
     """
-    a, prod = tokens.shape[0], _product_of(shape)
+    a, prod = tokens.shape[0], shape.kernels.product
     x = F.embedding(tokens, embed)  # (a, width)
     cos, sin = rope[:, None, 0], rope[:, None, 1]  # (a, 1, d)
     news = []
@@ -229,7 +229,7 @@ def _dense_mlp(shape: LeanShape, h: Tensor, wg: Tensor, bg: Any, wu: Any, bu: An
                loras: tuple[Any, Any, Any]) -> Tensor:  # fmt: skip
     """down(act(gate h) * up h); gate and up fused into one weight when `wu` is None (pack_weights)."""
     lg, lu, ld = loras
-    prod = _product_of(shape)
+    prod = shape.kernels.product
     if wu is None:
         gate, up = _linear(h, wg, bg, lg, prod).chunk(2, dim=-1)
     else:
@@ -333,11 +333,6 @@ def _stacks_exactly(layer: Layer, slots: tuple[int, ...]) -> bool:
         return True  # nothing to fuse (a MoE layer's MLP)
     w = weights[0]
     return exact.stacks_exactly(w.shape[1], tuple(t.shape[0] for t in weights), w.dtype, w.device)
-
-
-def _product_of(shape: LeanShape) -> Callable[[Tensor, Tensor, Tensor | None], Tensor]:
-    """The step's products: the kernels' (`_product`, or exact mode's `exact.product`, the trainer's kernel)."""
-    return shape.kernels.product
 
 
 def _linear(

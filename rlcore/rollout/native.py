@@ -67,7 +67,7 @@ from rlcore.models.forward import ROPE_FIELD, VISION_FIELD, vision_inputs
 from rlcore.models.moe import RouterTap, router_tap
 from rlcore.models.vision import Images, feeding, placeholder_ids, suppress
 from rlcore.rollout.base import SamplingParams
-from rlcore.rollout.lean import lean_decoder
+from rlcore.rollout.lean import EXACT, lean_decoder
 from rlcore.rollout.lean_cover import full_attention_only
 from rlcore.rollout.sampling import check_sampling, sample_tokens
 
@@ -357,7 +357,7 @@ class NativeEngine:
             ids, pos, prompt_mask = (x.repeat_interleave(n, dim=0) for x in (ids, pos, prompt_mask))
             n = 1
         images, rope, after = _vision_prefill(prompts, pos, self.device)
-        if self._lean is not None and (self._lean.shape.kernels.name == "exact") == (exact_block(self.model) is not None):
+        if self._lean is not None and (self._lean.shape.kernels is EXACT) == (exact_block(self.model) is not None):
             cache = self._new_cache(ids.shape[1])
             logits = self._prefill(ids, prompt_mask, rope, cache, images)
             state = self._lean.start(cache, prompt_mask, after, n, sp.max_tokens)
