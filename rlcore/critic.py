@@ -21,10 +21,9 @@ import torch
 from torch import Tensor, nn
 
 from rlcore.batch import Batch
-from rlcore.dist.ulysses import gather_sequence, sp_group
-from rlcore.models.forward import micro_batches, model_inputs, packed_mask, sequence_parallel_inputs
+from rlcore.models.forward import micro_batches, model_inputs
+from rlcore.models.layouts import adapted, layout_of
 from rlcore.models.policy import load_policy
-from rlcore.models.vision import feeding
 from rlcore.pure.masks import masked_mean, masked_sum, masked_var
 from rlcore.update import NORMS, ModelState, UpdatePlan, run_updates
 
@@ -77,20 +76,11 @@ def response_values(critic: nn.Module, micro: Batch, *, share_prompts: bool = Tr
 
     With `share_prompts`, each prompt is computed once for its samples where that pays (as the
     actor's forwards do, `rlcore.models.forward.model_inputs`)."""
-    inputs = model_inputs(critic, micro, share_prompts=share_prompts)
-    group = sp_group(critic)
-    if group is not None:  # sequence-parallel: this rank's columns, gathered
-        layout, ids, positions, columns = sequence_parallel_inputs(inputs, group)
-        values = critic(ids, None, positions)  # (m, c)
-        return layout.unshift(gather_sequence(values, group), columns)  # (m, r)
-    if inputs.gather is None:
-        r = inputs.labels.shape[1]
-        images = None if inputs.vision is None else inputs.vision.to(inputs.input_ids.device)
-        with feeding(critic, images) as vision:
-            values = critic(inputs.input_ids, inputs.attention_mask, inputs.position_ids, **vision)  # (m, s)
-        return values[:, -r - 1 : -1]  # the position before each response token
-    values = critic(inputs.input_ids, packed_mask(critic, inputs), inputs.position_ids)  # (G, L)
-    return values[:, -inputs.keep :].reshape(-1)[inputs.gather]  # (m, r)
+    layout = layout_of(critic, model_inputs(critic, micro, share_prompts=share_prompts))
+    feed = layout.feed(critic)
+    with adapted(critic, layout) as extra:
+        values = critic(feed.input_ids, feed.attention_mask, feed.position_ids, **extra)  # (m, s)
+    return layout.per_token(values, lambda v, _labels: v)  # the position before each response token
 
 
 @torch.no_grad()

@@ -49,11 +49,12 @@ from rlcore.data.vision import response_rope_positions
 from rlcore.dist.fsdp import model_mesh
 from rlcore.dist.reduce import all_reduce_int
 from rlcore.dist.tp import vocab_group, vocab_parallel_entropy, vocab_parallel_logprobs
-from rlcore.dist.ulysses import SequenceLayout, gather_sequence, sp_group
+from rlcore.dist.ulysses import sp_group
 from rlcore.models.exact import BLOCK, EXACT_ATTENTION, align_prompts, exact_block
+from rlcore.models.layouts import Layout, adapted, layout_of
 from rlcore.models.moe import router_tap
 from rlcore.models.shared_prompt import aligned, choose_plan, pack_plan, prompt_groups, worth_packing
-from rlcore.models.vision import Images, feeding, images_of, placeholder_ids, suppress
+from rlcore.models.vision import Images, images_of, placeholder_ids, suppress
 from rlcore.pure.logprobs import token_logprobs
 from rlcore.pure.losses import entropy as _entropy
 
@@ -105,6 +106,11 @@ class ModelInputs:
     without them."""
     vision: Images | None = None
     """The rows' images (`vision_inputs`), or None."""
+
+    @property
+    def packed(self) -> bool:
+        """Whether these are prompt-packed inputs (`rlcore.models.layouts.Packed`), else rows."""
+        return self.gather is not None
 
 
 def _row_lengths(batch: Batch) -> tuple[Tensor, Tensor]:
@@ -254,47 +260,21 @@ def _packed_inputs(t: _Trimmed, plan: list, width: int, align: int = 1) -> Model
     )  # fmt: skip
 
 
-def _additive(allowed: Tensor, dtype: torch.dtype) -> Tensor:
-    """A bool mask as eager attention's additive float mask (0 where allowed, dtype min elsewhere)."""
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
-        ~allowed, torch.finfo(dtype).min
-    )
-
-
-def packed_mask(model: nn.Module, inputs: ModelInputs) -> Tensor:
-    """The packed inputs' 4D mask as `model`'s attention takes it: bool (sdpa), additive float (eager)."""
-    if model.config._attn_implementation == "eager":
-        return _additive(inputs.attention_mask, next(model.parameters()).dtype)
-    return inputs.attention_mask
-
-
 def response_logits(model: nn.Module, inputs: ModelInputs) -> Tensor:
     """Logits predicting each response token: (m, r, v) in the model's output dtype. A mixture of
     experts routes by `inputs.routes` when given (`rlcore.models.moe`), until its next forward."""
-    width = inputs.labels.shape[1]
-    tap = router_tap(model)
-    if tap is not None:
-        tap.set_replay(inputs.routes)
-    if inputs.gather is None:
-        images = None if inputs.vision is None else inputs.vision.to(inputs.input_ids.device)
-        with feeding(model, images) as vision:
-            out = model(
-                input_ids=inputs.input_ids,
-                attention_mask=inputs.attention_mask,
-                position_ids=inputs.position_ids,
-                use_cache=False,
-                logits_to_keep=width + 1,  # the last prompt position predicts the first response token
-                **vision,
-            )
-        return _suppressed(model, out.logits[:, :-1])  # (m, r, v)
-    out = model(
-        input_ids=inputs.input_ids,
-        attention_mask=packed_mask(model, inputs),
-        position_ids=inputs.position_ids,
-        use_cache=False,
-        logits_to_keep=inputs.keep,
-    )
-    return out.logits.reshape(-1, out.logits.shape[-1])[inputs.gather]  # (m, r, v)
+    layout = layout_of(model, inputs)
+    return layout.per_token(_logits(model, layout), lambda z, _labels: z)
+
+
+def _logits(model: nn.Module, layout: Layout) -> Tensor:
+    """One forward of `model` in `layout`, its adapters entered: (rows, kept positions, v) logits, a
+    vision-language model's placeholders suppressed."""
+    feed = layout.feed(model)
+    with adapted(model, layout) as extra:
+        out = model(input_ids=feed.input_ids, attention_mask=feed.attention_mask, position_ids=feed.position_ids,
+                    use_cache=False, logits_to_keep=feed.keep, **extra)  # fmt: skip
+    return _suppressed(model, out.logits)
 
 
 def response_logprobs(
@@ -306,14 +286,14 @@ def response_logprobs(
     entropy_grad: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs of `inputs.labels` (m, r) float32, with grad when enabled, and with `entropy` the
-    entropies (m, r) (differentiable only with `entropy_grad`). A sequence-parallel model
-    (`rlcore.dist.ulysses.apply_sp`) computes its own columns and gathers them."""
-    group = sp_group(model)
-    if group is not None:
-        return _sequence_parallel_logprobs(model, inputs, group, temperature, entropy, entropy_grad)
-    logits = response_logits(model, inputs)  # (m, r, v), or (m, r, v / tp) split by vocabulary
-    logprob = _logprobs(model, logits, inputs.labels, temperature)  # (m, r)
-    return logprob, _entropies(model, logits, temperature, entropy, entropy_grad)
+    entropies (m, r) (differentiable only with `entropy_grad`), in the layout `layout_of` picks
+    (`rlcore.models.layouts`: rows, prompt-packed, or a sequence-parallel model's own columns)."""
+    layout = layout_of(model, inputs)
+    logits = _logits(model, layout)  # (m, kept, v), or (m, kept, v / tp) split by vocabulary
+    logprob = layout.per_token(logits, lambda z, labels: _logprobs(model, z, labels, temperature))  # (m, r)
+    if not entropy:
+        return logprob, None
+    return logprob, layout.per_token(logits, lambda z, _labels: _entropies(model, z, temperature, entropy_grad))
 
 
 def _suppressed(model: nn.Module, logits: Tensor) -> Tensor:
@@ -329,11 +309,7 @@ def _logprobs(model: nn.Module, logits: Tensor, labels: Tensor, temperature: flo
     return token_logprobs(logits, labels, temperature=temperature)
 
 
-def _entropies(
-    model: nn.Module, logits: Tensor, temperature: float, wanted: bool, grad: bool
-) -> Tensor | None:
-    if not wanted:
-        return None
+def _entropies(model: nn.Module, logits: Tensor, temperature: float, grad: bool) -> Tensor:
     vocab = vocab_group(model)
     if vocab is not None:
         if grad:
@@ -344,42 +320,6 @@ def _entropies(
         return token_entropy(logits, temperature=temperature)
     with torch.no_grad():
         return token_entropy(logits.detach(), temperature=temperature)
-
-
-def sequence_parallel_inputs(inputs: ModelInputs, group) -> tuple[SequenceLayout, Tensor, Tensor, Tensor]:
-    """(layout, this rank's ids, its position ids, every response token's predicting column (m, r)) of
-    row inputs split over the sp ranks of `group` (`rlcore.dist.ulysses`)."""
-    if inputs.gather is not None:
-        raise ValueError(
-            "sequence parallelism takes row inputs, not prompt-packed ones (share_prompts=False)"
-        )
-    sp, rank = torch.distributed.get_world_size(group), torch.distributed.get_rank(group)
-    layout = SequenceLayout.of(inputs.attention_mask, sp)
-    ids = layout.shift(inputs.input_ids)  # (m, width)
-    positions = torch.arange(layout.width, device=ids.device).expand_as(ids)  # each row starts at 0
-    m, r = inputs.labels.shape
-    first = inputs.input_ids.shape[1] - r - 1  # the last prompt column predicts the first response token
-    columns = (first + torch.arange(r, device=ids.device)).expand(m, r)
-    return layout, layout.local(ids, rank), layout.local(positions, rank), columns
-
-
-def _sequence_parallel_logprobs(
-    model: nn.Module, inputs: ModelInputs, group, temperature: float, entropy: bool, entropy_grad: bool
-) -> tuple[Tensor, Tensor | None]:
-    layout, ids, positions, columns = sequence_parallel_inputs(inputs, group)
-    tap = router_tap(model)
-    if tap is not None:  # sharded sequences do not carry routes (replay is refused with sp)
-        tap.set_replay(None)
-    rank = torch.distributed.get_rank(group)
-    shifted = layout.shift(inputs.input_ids)
-    labels = layout.local(torch.cat([shifted[:, 1:], shifted[:, :1]], dim=1), rank)  # the next token
-    logits = model(input_ids=ids, position_ids=positions, use_cache=False).logits  # (m, c, v)
-    logprob = _logprobs(model, logits, labels, temperature)  # (m, c)
-    logprob = layout.unshift(gather_sequence(logprob, group), columns)  # (m, r)
-    ent = _entropies(model, logits, temperature, entropy, entropy_grad)
-    if ent is not None:
-        ent = layout.unshift(gather_sequence(ent, group), columns)
-    return logprob, ent
 
 
 def _scaled_entropy(logits: Tensor, temperature: float) -> Tensor:

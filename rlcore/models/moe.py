@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -185,17 +184,17 @@ class RouterTap:
         return output
 
 
-_TAPS: weakref.WeakKeyDictionary[nn.Module, RouterTap] = weakref.WeakKeyDictionary()
+_TAP_ATTR = "_rlcore_router_tap"
 
 
 def router_tap(model: nn.Module) -> RouterTap | None:
-    """The `RouterTap` of `model` (made on first use), or None for a dense model."""
+    """The `RouterTap` of `model`, or None for a dense model. It is made once, on first use, and kept on
+    the model itself (its routers' hooks hold it anyway), so it lives and dies with the model."""
     inner = getattr(model, "_orig_mod", model)  # a torch.compile wrapper shares the module's routers
-    if not is_moe(inner):
-        return None
-    tap = _TAPS.get(inner)
-    if tap is None:
-        tap = _TAPS[inner] = RouterTap(inner)
+    tap = inner.__dict__.get(_TAP_ATTR)
+    if tap is None and is_moe(inner):
+        tap = RouterTap(inner)
+        object.__setattr__(inner, _TAP_ATTR, tap)  # a plain attribute, not a submodule or a buffer
     return tap
 
 
