@@ -1,7 +1,8 @@
 """Exact mode: a batch-invariant forward, so that the engine's sampling log-probs equal the trainer's bit for bit.
 
     make_exact(model)          # once, on every copy that samples or scores (the trained module, an engine's copy)
-    exact_block(model)         # BLOCK when the model is exact, else None (forward.py and the engine align to it)
+    mode = kernel_mode(model)  # EXACT_MODE after make_exact, else DEFAULT_MODE: a value the engine, the lean
+                               # step and the forward layouts take (mode.align: the columns prompts end on)
 
 A token's log-prob must not depend on which other rows share its batch, on padding, on micro-batching, on
 prompt packing, or on whether its context came from a KV cache or from the same forward. Each source of
@@ -59,6 +60,7 @@ as vLLM's batch-invariant mode does on Hopper), and `attend` is already fixed ke
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -85,19 +87,55 @@ from rlcore.models.families import covering, family_of
 from rlcore.models.vision import vision_tower
 
 __all__ = [
-    "BLOCK", "EXACT_ATTENTION", "MIN_ROWS", "ExactKernels", "RotaryTable", "align_prompts", "aligned_prompt_width",
-    "attend", "exact_attention", "exact_block", "left_pad_prompts", "make_exact", "packed_or_plain", "product", "silu",
-    "stacks_exactly", "under_kernels", "why_not_exact",
+    "BLOCK",
+    "DEFAULT_MODE",
+    "EXACT_ATTENTION",
+    "EXACT_MODE",
+    "MIN_ROWS",
+    "ExactKernels",
+    "KernelMode",
+    "RotaryTable",
+    "align_prompts",
+    "aligned_prompt_width",
+    "attend",
+    "exact_attention",
+    "kernel_mode",
+    "left_pad_prompts",
+    "make_exact",
+    "packed_or_plain",
+    "product",
+    "silu",
+    "stacks_exactly",
+    "under_kernels",
+    "why_not_exact",
 ]  # fmt: skip
 
 EXACT_ATTENTION = "rlcore_exact"
 """The attention implementation name exact mode registers with transformers."""
 
 
-def exact_block(model: nn.Module) -> int | None:
-    """BLOCK when `model` runs in exact mode (`make_exact`), else None."""
-    config = getattr(model, "config", None)
-    return BLOCK if getattr(config, "_attn_implementation", None) == EXACT_ATTENTION else None
+@dataclasses.dataclass(frozen=True)
+class KernelMode:
+    """Which kernels a model runs: the default ones, or exact mode's (`make_exact` installs them). Chosen once,
+    when the model is made, and passed to what lays out its inputs: the native engine, its lean step
+    (`rlcore.rollout.lean.LEAN_KERNELS`) and the forward layouts (`rlcore.models.forward.model_inputs`)."""
+
+    name: str
+    align: int
+    """The multiple of columns every prompt ends on and every response starts on (1: anywhere)."""
+
+
+DEFAULT_MODE = KernelMode("default", 1)
+EXACT_MODE = KernelMode("exact", BLOCK)
+
+_MODE_ATTR = "_rlcore_kernel_mode"
+
+
+def kernel_mode(model: nn.Module) -> KernelMode:
+    """The kernel mode `make_exact` recorded on `model` (DEFAULT_MODE where it did not run), seen through a
+    `torch.compile` wrapper (LoRA adapters go in place: `rlcore.models.lora.apply_lora` returns the model)."""
+    inner = getattr(model, "_orig_mod", model)
+    return inner.__dict__.get(_MODE_ATTR, DEFAULT_MODE)
 
 
 def aligned_prompt_width(width: int) -> int:
@@ -105,11 +143,11 @@ def aligned_prompt_width(width: int) -> int:
     return -(-width // BLOCK) * BLOCK
 
 
-def align_prompts(batch: Batch) -> Batch:
-    """`batch` with its prompt columns left-padded to `aligned_prompt_width`: the engine's and the trainer's
-    layouts of an exact model (`left_pad_prompts`)."""
+def align_prompts(batch: Batch, align: int = BLOCK) -> Batch:
+    """`batch` with its prompt columns left-padded to a multiple of `align` (exact mode's: BLOCK,
+    `aligned_prompt_width`): the engine's and the trainer's layouts of an exact model (`left_pad_prompts`)."""
     width = batch["input_ids"].shape[1]
-    return left_pad_prompts(batch, aligned_prompt_width(width) - width)
+    return left_pad_prompts(batch, -(-width // align) * align - width) if align > 1 else batch
 
 
 def left_pad_prompts(batch: Batch, extra: int) -> Batch:
@@ -334,7 +372,7 @@ def make_exact(model: nn.Module) -> nn.Module:
     why = why_not_exact(model)
     if why is not None:
         raise ValueError(f"exact mode: {why}")
-    if exact_block(model) is not None:
+    if kernel_mode(model) is EXACT_MODE:
         return model
     calibrate(model)  # this CPU's row layout for the model's products, or ValueError
     _register()
@@ -355,6 +393,7 @@ def make_exact(model: nn.Module) -> nn.Module:
 
     model.register_forward_pre_hook(enter)
     model.register_forward_hook(leave, always_call=True)
+    object.__setattr__(model, _MODE_ATTR, EXACT_MODE)  # a plain attribute: the value `kernel_mode` returns
     return model
 
 

@@ -50,7 +50,7 @@ from rlcore.dist.fsdp import model_mesh
 from rlcore.dist.reduce import all_reduce_int
 from rlcore.dist.tp import vocab_group, vocab_parallel_entropy, vocab_parallel_logprobs
 from rlcore.dist.ulysses import sp_group
-from rlcore.models.exact import BLOCK, EXACT_ATTENTION, align_prompts, exact_block
+from rlcore.models.exact import EXACT_ATTENTION, KernelMode, align_prompts, kernel_mode
 from rlcore.models.layouts import Layout, adapted, layout_of
 from rlcore.models.moe import router_tap
 from rlcore.models.shared_prompt import aligned, choose_plan, pack_plan, prompt_groups, worth_packing
@@ -135,17 +135,15 @@ class _Trimmed:
     response_rope: Tensor | None = None  # (m, 3, r) the response's, where it holds images, or None
 
 
-def _trimmed(batch: Batch, *, exact: bool = False) -> _Trimmed:
+def _trimmed(batch: Batch, *, align: int = 1) -> _Trimmed:
     """The batch's prompt, response, recorded routes and rotary positions, cut to the columns some row uses;
-    `exact`: the prompt part left-padded or cut to a multiple of `rlcore.models.exact.BLOCK` columns instead."""
-    if exact:
-        batch = align_prompts(batch)
+    the prompt part left-padded or cut to a multiple of `align` columns (a kernel mode's, `KernelMode.align`)."""
+    batch = align_prompts(batch, align)
     attn_p = batch["attention_mask"].long()  # (m, p)
     attn_r = batch["response_attention"].long()  # (m, t)
     prompt_used = attn_p.any(dim=0)  # (p,)
     first = int(torch.argmax(prompt_used.int()).item()) if bool(prompt_used.any()) else attn_p.shape[1] - 1
-    if exact:  # keep whole blocks of prompt columns (`align_prompts` made the width a multiple)
-        first = (first // BLOCK) * BLOCK
+    first = (first // align) * align  # whole blocks of prompt columns (`align_prompts` made the width a multiple)
     response_used = attn_r.any(dim=0)  # (t,)
     width = int(response_used.nonzero().max().item()) + 1 if bool(response_used.any()) else 0
     cut = cut_columns(batch, first, width)  # every per-token field, as the batch schema lays it out
@@ -211,17 +209,20 @@ def _window(model: nn.Module) -> float:
     return min([v for v in limits if isinstance(v, int) and v > 0], default=float("inf"))
 
 
-def model_inputs(model: nn.Module, batch: Batch, *, share_prompts: bool = True) -> ModelInputs:
-    """`sequence_tensors(batch)`, or with `share_prompts` the prompt-packed inputs where they are cheaper.
+def model_inputs(
+    model: nn.Module, batch: Batch, *, share_prompts: bool = True, mode: KernelMode | None = None
+) -> ModelInputs:
+    """`sequence_tensors(batch)`, or with `share_prompts` the prompt-packed inputs where they are cheaper,
+    laid out for the kernel `mode` (default: `kernel_mode(model)`; exact mode's prompts end on a block).
 
     Packing applies when some prompt repeats in `batch`, the model takes a 4D mask (and is not
     sequence-parallel: `rlcore.dist.ulysses` attends without a mask), the packed rows
     fit its sliding window (if any), and `shared_prompt.worth_packing` says so; the log-probs are the
     same either way (to rounding).
     """
-    align = exact_block(model) or 1  # exact mode: every prompt ends, every response starts, on a block
+    align = (kernel_mode(model) if mode is None else mode).align  # where prompts end and responses start
     hidden = _packable_hidden(model) if share_prompts and sp_group(model) is None else None
-    t = _trimmed(batch, exact=align > 1)
+    t = _trimmed(batch, align=align)
     if t.rope is not None:  # a vision-language model: rows (packing images is not measured yet)
         return _row_inputs(t, vision_inputs(batch))
     ids_p, attn_p, attn_r = t.ids_p, t.attn_p, t.attn_r
@@ -463,8 +464,9 @@ def compute_logprobs(
     pieces = aligned_micro_batches(
         work, model_mesh(model), micro_batch_size=micro_batch_size, max_tokens=max_tokens
     )
+    mode = kernel_mode(model)  # once for the pass
     for micro, rows in pieces:
-        inputs = model_inputs(model, micro, share_prompts=share_prompts)
+        inputs = model_inputs(model, micro, share_prompts=share_prompts, mode=mode)
         lp, ent = response_logprobs(model, inputs, temperature=temperature, entropy=with_entropy)  # (m, r)
         r, k = lp.shape[1], len(rows)
         rows = rows.to(mask.device)

@@ -1,6 +1,6 @@
 """A lean decode step for the Llama family: one token per row in plain torch over the module's own weights.
 
-    decoder = lean_decoder(model)        # None for an architecture or config it does not cover
+    decoder = lean_decoder(model, mode=kernel_mode(model))  # None for an architecture it does not cover
     state = decoder.start(cache, prompt_mask, positions, repeats, max_tokens)   # after an HF prefill
     logits = state.step(tokens)           # (a,) -> (a, v); the KV cache grows by one position
     state.select(keep)                    # drop finished rows
@@ -92,22 +92,24 @@ class LeanShape:
         return self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim
 
 
-def lean_decoder(model: torch.nn.Module, *, compile: bool = False, pack: bool = True) -> LeanDecoder | None:
+def lean_decoder(
+    model: torch.nn.Module, *, mode: exact.KernelMode = exact.DEFAULT_MODE, compile: bool = False, pack: bool = True
+) -> LeanDecoder | None:
     """The lean decoder of `model`, or None when `unsupported(model)` says why not (or when `compile` is
     asked of a mixture of experts, whose sparse blocks are modules with hooks: the engine then compiles
     the Hugging Face module)."""
-    if unsupported(model) is not None or (compile and any(map(sparse_block, model.model.layers))):
+    if unsupported(model, mode) is not None or (compile and any(map(sparse_block, model.model.layers))):
         return None
-    return LeanDecoder(model, compile=compile, pack=pack)
+    return LeanDecoder(model, mode=mode, compile=compile, pack=pack)
 
 
-def _shape(model: torch.nn.Module) -> LeanShape:
+def _shape(model: torch.nn.Module, mode: exact.KernelMode) -> LeanShape:
     attn = model.model.layers[0].self_attn
     config = model.config
     dense = [layer.mlp for layer in model.model.layers if sparse_block(layer) is None]
     act = dense[0].act_fn if dense else torch.nn.SiLU()  # (no dense MLP: unused)
     q_norm = getattr(attn, "q_norm", None)
-    kernels = EXACT if exact.exact_block(model) is not None else DEFAULT  # the one place the mode is read
+    kernels = LEAN_KERNELS[mode]  # the kernel mode, as the step's arithmetic
     return LeanShape(
         heads=config.num_attention_heads,
         kv_heads=config.num_key_value_heads,
@@ -367,10 +369,15 @@ def _attend(
 class LeanDecoder:
     """The lean step bound to one model (its tensors are read at each `start`)."""
 
-    def __init__(self, model: torch.nn.Module, *, compile: bool = False, pack: bool = True) -> None:
-        """`pack`: pack the weights at each `start` where `can_pack` (never when compiled)."""
+    def __init__(
+        self, model: torch.nn.Module, *, mode: exact.KernelMode = exact.DEFAULT_MODE, compile: bool = False,
+        pack: bool = True,
+    ) -> None:
+        """`mode`: the model's kernel mode (`rlcore.models.exact.kernel_mode`), as the step's arithmetic
+        (`LEAN_KERNELS`); `pack`: pack the weights at each `start` where `can_pack` (never when compiled)."""
         self.model = model
-        self.shape = _shape(model)
+        self.mode = mode
+        self.shape = _shape(model, mode)
         self.compiled = compile
         self.pack = pack and not compile and self.shape.kernels.packs
         self.step_fn: Callable[..., tuple[Tensor, Tensor]] = (
@@ -512,3 +519,6 @@ DEFAULT = LeanKernels("default", _product, _fused_norm, _attend, F.silu, in_plac
 EXACT = LeanKernels("exact", exact.product, _hf_norm, _attend_exact, exact.silu, in_place=1, packs=False,
                     prepare=_exact_weights)  # fmt: skip
 """The trainer's forward's arithmetic, bit for bit (`rlcore.models.exact`)."""
+
+LEAN_KERNELS: dict[exact.KernelMode, LeanKernels] = {exact.DEFAULT_MODE: DEFAULT, exact.EXACT_MODE: EXACT}
+"""A model's kernel mode -> the lean step's arithmetic."""

@@ -66,8 +66,8 @@ def full_attention_only(config: Any) -> bool:
     )
 
 
-def unsupported(model: torch.nn.Module) -> str | None:
-    """Why the lean step cannot run `model` (one phrase), or None when it can."""
+def unsupported(model: torch.nn.Module, mode: exact.KernelMode = exact.DEFAULT_MODE) -> str | None:
+    """Why the lean step cannot run `model` in kernel `mode` (one phrase), or None when it can."""
     config = getattr(model, "config", None)
     why = family_of(model).refusal("lean")
     if why is not None:
@@ -83,7 +83,7 @@ def unsupported(model: torch.nn.Module) -> str | None:
     dense = [layer.mlp for layer in base.layers if sparse_block(layer) is None]
     if any(not callable(getattr(mlp, "act_fn", None)) for mlp in dense):
         return "the MLP has no act_fn"
-    if exact.exact_block(model) is not None and any(is_lora(m) for m in model.modules()):
+    if mode is exact.EXACT_MODE and any(is_lora(m) for m in model.modules()):
         return "exact mode with LoRA adapters (the trainer adds them in place: the Hugging Face step)"
     return _plain_modules(model)
 

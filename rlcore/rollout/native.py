@@ -61,13 +61,13 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, StaticCa
 
 from rlcore.batch import Batch
 from rlcore.data.prompts import pad_token_id
-from rlcore.models.exact import align_prompts, exact_block
+from rlcore.models.exact import align_prompts, kernel_mode
 from rlcore.models.families import covering
 from rlcore.models.forward import ROPE_FIELD, VISION_FIELD, vision_inputs
 from rlcore.models.moe import RouterTap, router_tap
 from rlcore.models.vision import Images, feeding, placeholder_ids, suppress
 from rlcore.rollout.base import SamplingParams
-from rlcore.rollout.lean import EXACT, lean_decoder
+from rlcore.rollout.lean import lean_decoder
 from rlcore.rollout.lean_cover import full_attention_only
 from rlcore.rollout.sampling import check_sampling, sample_tokens
 
@@ -212,7 +212,8 @@ class NativeEngine:
         self.kv_cache = kv_cache
         self._prealloc = kv_cache == "auto" and full_attention_only(getattr(model, "config", None))
         self._compacts = kv_cache != "static"  # a static cache keeps its shapes: finished rows stay
-        self._lean = lean_decoder(model, compile=compile) if lean and self._prealloc else None
+        self.mode = kernel_mode(model)  # the kernels it was made with (`make_exact` first, then the engine)
+        self._lean = lean_decoder(model, mode=self.mode, compile=compile) if lean and self._prealloc else None
         self._step_fn = (
             torch.compile(model, mode=compile_mode, dynamic=kv_cache != "static")
             if compile and self._lean is None
@@ -270,7 +271,10 @@ class NativeEngine:
         self.model.eval()
         if self._tap is not None:
             self._tap.set_replay(None)  # whatever replay a trainer forward on this module left set
-        decoded = align_prompts(prompts) if exact_block(self.model) else prompts  # exact: whole blocks
+        if kernel_mode(self.model) is not self.mode:
+            raise ValueError(f"the model runs {kernel_mode(self.model).name} kernels and this engine was made for "
+                             f"{self.mode.name} ones: make the engine after make_exact")  # fmt: skip
+        decoded = align_prompts(prompts, self.mode.align)  # exact: whole blocks
         routes = _RouteLog(self._tap, prompts, sampling, decoded["input_ids"].shape[1]) if self._record else None
         try:
             with torch.no_grad(), routes or contextlib.nullcontext():
@@ -357,7 +361,7 @@ class NativeEngine:
             ids, pos, prompt_mask = (x.repeat_interleave(n, dim=0) for x in (ids, pos, prompt_mask))
             n = 1
         images, rope, after = _vision_prefill(prompts, pos, self.device)
-        if self._lean is not None and (self._lean.shape.kernels is EXACT) == (exact_block(self.model) is not None):
+        if self._lean is not None:
             cache = self._new_cache(ids.shape[1])
             logits = self._prefill(ids, prompt_mask, rope, cache, images)
             state = self._lean.start(cache, prompt_mask, after, n, sp.max_tokens)

@@ -162,7 +162,7 @@ def _break_products(monkeypatch) -> None:
 def _break_layout(monkeypatch) -> None:
     import rlcore.rollout.native
 
-    monkeypatch.setattr(rlcore.rollout.native, "align_prompts", lambda batch: batch)  # blocks fall elsewhere
+    monkeypatch.setattr(rlcore.rollout.native, "align_prompts", lambda batch, align: batch)  # blocks fall elsewhere
 
 
 @pytest.mark.parametrize(
