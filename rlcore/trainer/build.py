@@ -52,13 +52,8 @@ def build(
         raise ConfigError(str(e)) from None
     preflight(cfg, info)  # every check that needs no weights, in one pass
     agent_files = agents.load_agent_files(cfg)  # a bad env / tools file stops here, before any model loads
-    p = cfg.pipeline
-    placement = place(info, split=p.placement == "split", rollout_ranks=p.rollout_ranks, tp=cfg.trainer.tp,
-                      sp=cfg.trainer.sp, ep=cfg.trainer.ep)  # fmt: skip
+    placement = _placement(cfg, info)
     dist, mesh, trains, generates = placement.local, placement.mesh, placement.trains, placement.generates
-    threads = {"trainer": p.trainer_threads, "rollout": p.rollout_threads}.get(placement.role, 0)
-    if threads:
-        torch.set_num_threads(threads)
     torch.manual_seed(cfg.trainer.seed)
     algorithm, plan = bind(cfg)
     if placement.writes:  # the first lines of the run: what the model's kind chose
@@ -77,35 +72,18 @@ def build(
     model = models.build_policy(cfg, placement) if trains else models.build_engine_copy(cfg, dist)
     if cfg.rollout.exact:
         models.agree_exact_rows()  # every rank's products in the same row layouts
-    sources = sorted({row.data_source for ds in (train_ds, val_ds) if ds is not None for row in ds.rows})
-    r = cfg.reward
-    if cfg.rollout.env is not None:  # an env scores its episodes: a reward function only where one exists
-        sources = [s for s in sources if find_reward(s) is not None]
-    if judging is not None:  # the judge's sources need no reward function
-        sources = [s for s in sources if judging.sources and s not in judging.sources]
-    scorer = RewardScorer(r.custom, data_sources=sources, num_workers=r.num_workers, timeout_s=r.timeout_s,
-                          failure_score=r.failure_score, max_error_rate=r.max_error_rate,
-                          math_verifier=r.math_verifier) if generates else None  # fmt: skip
+    scorer = _scorer(cfg, (train_ds, val_ds), judging) if generates else None
     needs_ref = plan.needs_ref and trains
     ref_model = models.build_reference(cfg, placement) if needs_ref else None
     teacher = models.build_teacher(cfg, placement) if algorithm.distill is not None and trains else None
     actor = models.build_state(cfg, model, dist) if trains else None
-    engine = None
-    if generates:  # an in-process vLLM takes the default group as its world: there, the rollout ranks
-        with as_world(placement.rollouts if cfg.rollout.engine == "vllm" else None):
-            engine = models.build_engine(cfg, model, tokenizer, dist)
-        engine = agents.agent_engine(cfg, engine, tokenizer, agent_files, vision)
+    engine = _engine(cfg, placement, model, tokenizer, agent_files, vision) if generates else None
     judge = None
     if judging is not None and generates:
         with as_world(placement.rollouts if cfg.reward.judge_engine == "vllm" else None):
             judge = judges.build_judge(cfg, judging, dist)
     critic = models.build_critic_state(cfg, placement) if algorithm.needs_critic and trains else None
-    if placement.writes:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "config.json").write_text(json.dumps(record(cfg, defaulted), indent=2))
-    logger = MetricsLogger(out_dir, total_steps=cfg.trainer.steps, enabled=placement.writes, wandb_mode=cfg.log.wandb,
-                           wandb_project=cfg.log.project, run_name=out_dir.name, config=record(cfg, defaulted),
-                           progress=cfg.log.progress)  # fmt: skip
+    logger = _logger(cfg, defaulted, out_dir, writes=placement.writes)
     report_data(cfg, train_ds, val_ds, logger, prints=placement.writes)
     if vision is not None and cfg.algo.share_prompts and placement.writes:
         print("warning: --algo.share-prompts is off for a vision-language policy: its forwards run one row per "
@@ -122,6 +100,48 @@ def build(
                 hooks=Hooks.from_env(), outbox=Outbox() if placement.role == "trainer" else None,
                 relay=_relay(cfg, placement, model))  # fmt: skip
     return state, h, algorithm, plan
+
+
+def _placement(cfg: Config, info: Any) -> Any:
+    """This rank's place in the run (`rlcore.dist.placement.place`), its role's torch threads set."""
+    p = cfg.pipeline
+    placement = place(info, split=p.placement == "split", rollout_ranks=p.rollout_ranks, tp=cfg.trainer.tp,
+                      sp=cfg.trainer.sp, ep=cfg.trainer.ep)  # fmt: skip
+    threads = {"trainer": p.trainer_threads, "rollout": p.rollout_threads}.get(placement.role, 0)
+    if threads:
+        torch.set_num_threads(threads)
+    return placement
+
+
+def _scorer(cfg: Config, datasets: tuple[Any, Any], judging: Any) -> RewardScorer:
+    """The reward functions of the datasets' sources, but those an env or the judge scores."""
+    sources = sorted({row.data_source for ds in datasets if ds is not None for row in ds.rows})
+    if cfg.rollout.env is not None:  # an env scores its episodes: a reward function only where one exists
+        sources = [s for s in sources if find_reward(s) is not None]
+    if judging is not None:  # the judge's sources need no reward function
+        sources = [s for s in sources if judging.sources and s not in judging.sources]
+    r = cfg.reward
+    return RewardScorer(r.custom, data_sources=sources, num_workers=r.num_workers, timeout_s=r.timeout_s,
+                        failure_score=r.failure_score, max_error_rate=r.max_error_rate,
+                        math_verifier=r.math_verifier)  # fmt: skip
+
+
+def _engine(cfg: Config, placement: Any, model: Any, tokenizer: Any, agent_files: Any, vision: Any) -> Any:
+    """The rollout engine, in the agent loop where the run has one. An in-process vLLM takes the default
+    group as its world: there, the rollout ranks."""
+    with as_world(placement.rollouts if cfg.rollout.engine == "vllm" else None):
+        engine = models.build_engine(cfg, model, tokenizer, placement.local)
+    return agents.agent_engine(cfg, engine, tokenizer, agent_files, vision)
+
+
+def _logger(cfg: Config, defaulted: dict[str, Any], out_dir: Path, *, writes: bool) -> MetricsLogger:
+    """The metrics logger; the rank that writes first writes config.json."""
+    if writes:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "config.json").write_text(json.dumps(record(cfg, defaulted), indent=2))
+    return MetricsLogger(out_dir, total_steps=cfg.trainer.steps, enabled=writes, wandb_mode=cfg.log.wandb,
+                         wandb_project=cfg.log.project, run_name=out_dir.name, config=record(cfg, defaulted),
+                         progress=cfg.log.progress)  # fmt: skip
 
 
 def _relay(cfg: Config, placement: Any, model: Any) -> AdapterRelay | None:
