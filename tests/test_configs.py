@@ -162,7 +162,7 @@ def test_cli_errors_are_one_line():
 )
 def test_the_model_must_split_by_tp_and_sp(tp, sp, message):
     """Read from the model's config before any weights load (the default built-in model: 4 heads, 2 KV heads, 256 MLP columns)."""
-    from rlcore.trainer.models import check_mesh
+    from rlcore.trainer.model_checks import check_mesh
 
     cfg = with_(BASE, trainer=TrainerConfig(tp=tp, sp=sp))
     if message is None:
@@ -187,7 +187,7 @@ def test_the_model_must_split_by_tp_and_sp(tp, sp, message):
 )  # fmt: skip
 def test_the_experts_must_split_by_ep(path, ep, message):
     """Read from the model's config before any weights load (builtin:tiny-moe: 8 experts per layer)."""
-    from rlcore.trainer.models import check_mesh
+    from rlcore.trainer.model_checks import check_mesh
 
     cfg = with_(BASE, trainer=TrainerConfig(ep=ep), model=ModelConfig(path=path))
     if message is None:
@@ -200,7 +200,7 @@ def test_the_experts_must_split_by_ep(path, ep, message):
 
 def test_router_replay_needs_a_mixture_of_experts():
     """Read from the model's config before any weights load: the default built-in model is dense."""
-    from rlcore.trainer.models import check_routing
+    from rlcore.trainer.model_checks import check_routing
 
     check_routing(
         with_(BASE, algo=AlgoConfig(router_replay="replay"), model=ModelConfig(path="builtin:tiny-moe"))
@@ -225,7 +225,7 @@ def test_router_replay_needs_a_mixture_of_experts():
 )  # fmt: skip
 def test_what_a_vision_language_policy_does_not_compose_with_is_refused(parts, message):
     """Read from the model's config before any weights load."""
-    from rlcore.trainer.models import check_vision
+    from rlcore.trainer.model_checks import check_vision
 
     vl = ModelConfig(path="builtin:tiny-vl", freeze_vision=True)
     check_vision(with_(BASE, model=vl))

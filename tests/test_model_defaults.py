@@ -52,7 +52,7 @@ def _values(cfg: Config) -> dict[str, float | int | None]:
 def test_the_readme_qwen_example_resolves_to_the_pretrained_defaults(qwen_dir, tmp_path):
     """README: `python train.py grpo --model.path Qwen2.5-0.5B-Instruct --data.train-files gsm8k.parquet`
     (and its dapo and LoRA forms), on a directory of that shape, through the pre-flight checks."""
-    from rlcore.trainer.models import check_context, check_mesh
+    from rlcore.trainer.model_checks import check_context, check_mesh
     from rlcore.trainer.preflight import validate
 
     data = tmp_path / "gsm8k.parquet"

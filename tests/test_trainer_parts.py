@@ -97,7 +97,7 @@ def test_cpu_builds_with_torch_under_a_path_with_a_space_are_refused_with_one_li
 
     from configs import PRESETS, ConfigError
     from rlcore.rollout import toolchain
-    from rlcore.trainer.models import check_engine
+    from rlcore.trainer.model_checks import check_engine
 
     spaced = Path("/tmp/my runs/rlcore/.venv/lib/python3.11/site-packages/torch")
     assert toolchain.cpu_compile_problem(Path("/tmp/rlcore/.venv/lib/python3.11/site-packages/torch")) is None

@@ -25,7 +25,7 @@ from rlcore.rewards.dispatch import find_reward
 from rlcore.rewards.pool import RewardScorer
 from rlcore.rollout.env import EnvSpecError
 from rlcore.state import TrainState
-from rlcore.trainer import agents, judges, models
+from rlcore.trainer import agents, judges, model_checks, models
 from rlcore.trainer.algorithm import bind, sync_bucket_bytes
 from rlcore.trainer.defaults import default_lines, model_kind
 from rlcore.trainer.faults import Hooks
@@ -62,10 +62,10 @@ def build(
     tokenizer = models.tokenizer_of(cfg)
     vision = models.vision_of(cfg, tokenizer)
     if cfg.algo.teacher is not None:
-        models.check_teacher(cfg, tokenizer)  # before any weights load
+        model_checks.check_teacher(cfg, tokenizer)  # before any weights load
     judging = judges.judge_parts(cfg)  # the judge's template, parser and tokenizer (None: no judge)
     train_ds, val_ds = _datasets(cfg, tokenizer, agents.prompt_tools(agent_files, tokenizer), vision)
-    models.check_context(cfg, {ds.name: ds.prompt_lengths() for ds in (train_ds, val_ds) if ds is not None})
+    model_checks.check_context(cfg, {ds.name: ds.prompt_lengths() for ds in (train_ds, val_ds) if ds is not None})
     if vision is not None and info.world_size > 1:
         _check_every_row_has_an_image(train_ds)
     # a rollout rank of split placement loads the engine's own copy of the policy instead

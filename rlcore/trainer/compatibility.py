@@ -7,7 +7,7 @@ A `Feature` is a name and how a config asks for it (the flag as typed, or None w
 is two features and the reason, in one plain table, `CLASHES`. Pre-flight (`rlcore.trainer.preflight`)
 refuses the first clash whose two features a config asks for, in one line: `<flag> with <flag>: <why>`.
 What a model family lacks is its record's (`rlcore.models.families`: `Family.refusal`), checked when the
-model's config is known (`rlcore.trainer.models.check_family`); what depends on sizes (a tp that does not
+model's config is known (`rlcore.trainer.model_checks.check_family`); what depends on sizes (a tp that does not
 divide the heads, an ep that does not divide the experts) stays with the check that knows them.
 """
 

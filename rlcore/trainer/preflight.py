@@ -6,7 +6,7 @@
 Pairs of features that do not run together are one table (`rlcore.trainer.compatibility.CLASHES`), checked
 first. Each `_check_*` looks at one part of the config; the algorithm's checks live beside its binding
 (`rlcore.trainer.algorithm.check_algorithm`), the model's and the engine's beside their building
-(`rlcore.trainer.models.check_engine`, `check_mesh`; `check_context` runs once the prompts are
+(`rlcore.trainer.model_checks.check_engine`, `check_mesh`; `check_context` runs once the prompts are
 tokenized).
 """
 
@@ -24,7 +24,13 @@ from rlcore.trainer.compatibility import check_compatibility
 def preflight(cfg: Config, info: DistInfo) -> None:
     """The whole pass the shell runs before any weights load: the config's checks, the engine that can
     run here, and the model's shape against --trainer.tp / --trainer.sp (its config file only)."""
-    from rlcore.trainer.models import check_engine, check_family, check_mesh, check_routing, check_vision
+    from rlcore.trainer.model_checks import (
+        check_engine,
+        check_family,
+        check_mesh,
+        check_routing,
+        check_vision,
+    )
 
     validate(cfg, world_size=info.world_size)
     check_engine(cfg, info)

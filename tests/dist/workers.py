@@ -201,7 +201,7 @@ def context_worker(rank: int, directory: Path) -> None:
     import dataclasses
 
     from configs import PRESETS, ConfigError
-    from rlcore.trainer.models import check_context
+    from rlcore.trainer.model_checks import check_context
 
     cfg = PRESETS["grpo"][1]
     cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, max_tokens=1900))
