@@ -138,16 +138,16 @@ def kernel_mode(model: nn.Module) -> KernelMode:
     return inner.__dict__.get(_MODE_ATTR, DEFAULT_MODE)
 
 
-def aligned_prompt_width(width: int) -> int:
-    """`width` rounded up to a multiple of BLOCK: the prompt columns of an exact layout."""
-    return -(-width // BLOCK) * BLOCK
+def aligned_prompt_width(width: int, align: int = BLOCK) -> int:
+    """`width` rounded up to a multiple of `align` (BLOCK: the prompt columns of an exact layout)."""
+    return -(-width // align) * align
 
 
 def align_prompts(batch: Batch, align: int = BLOCK) -> Batch:
     """`batch` with its prompt columns left-padded to a multiple of `align` (exact mode's: BLOCK,
     `aligned_prompt_width`): the engine's and the trainer's layouts of an exact model (`left_pad_prompts`)."""
     width = batch["input_ids"].shape[1]
-    return left_pad_prompts(batch, -(-width // align) * align - width) if align > 1 else batch
+    return left_pad_prompts(batch, aligned_prompt_width(width, align) - width) if align > 1 else batch
 
 
 def left_pad_prompts(batch: Batch, extra: int) -> Batch:
