@@ -81,6 +81,9 @@ class Algorithm:
     """Off-policy correction of a batch with old and rollout log-probs, before the advantages
     (`rlcore.steps.correction_step` with its levels and thresholds bound): IS weights as the batch's
     `is_weights`, rejected units out of its `response_mask`. None: off."""
+    correction_weights: bool = False
+    """`correction` writes `is_weights` (its importance-sampling level is set): the policy loss multiplies
+    each token's term by them (decoupled PPO)."""
     bypass: bool = False
     """The rollout's log-probs are the old policy (no recompute pass)."""
     value_loss_fn: Callable[..., tuple[Tensor, dict[str, Tensor]]] | None = None

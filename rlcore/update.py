@@ -51,10 +51,9 @@ from rlcore.batch import Batch, group_ids
 from rlcore.dist.fsdp import model_mesh, set_gradient_sync
 from rlcore.dist.reduce import all_reduce, mesh_size
 from rlcore.models.forward import (
-    ROUTE_FIELDS,
     SEQUENCE_FIELDS,
-    VISION_FIELDS,
     aligned_micro_batches,
+    model_fields,
     model_inputs,
     response_logprobs,
 )
@@ -353,7 +352,7 @@ def _finish_metrics(
 # -------------------------------------------------------------------------------------------- the actor
 
 
-def _needed_fields(batch: Batch, algorithm: Algorithm) -> tuple[str, ...]:
+def _needed_fields(model: nn.Module, batch: Batch, algorithm: Algorithm) -> tuple[str, ...]:
     fields = [*SEQUENCE_FIELDS, "advantages"]
     if not algorithm.on_policy:
         fields.append("old_logprobs")
@@ -364,15 +363,14 @@ def _needed_fields(batch: Batch, algorithm: Algorithm) -> tuple[str, ...]:
         )  # tis_cap needs it; on-policy or bypassed, the rollout gap is measured here
     if algorithm.kl_loss_coef > 0:
         fields.append("ref_logprobs")
-    if "is_weights" in batch:  # decoupled PPO: the correction step's weights for the behaviour gap
+    if algorithm.correction_weights:  # decoupled PPO: the correction step's weights for the behaviour gap
         fields.append("is_weights")
-    if ROUTE_FIELDS[0] in batch:  # a mixture of experts' recorded routes (replayed or compared)
-        fields.extend(ROUTE_FIELDS)
-    fields.extend(k for k in VISION_FIELDS if k in batch)  # a vision-language model's images and positions
+    fields.extend(k for k in model_fields(model, batch) if k not in fields)  # routes, images (forward.py)
     why = {
         "ref_logprobs": "--algo.use-kl-loss",
         "rollout_logprobs": "--algo.tis-cap",
         "old_logprobs": "an off-policy update (Algorithm.on_policy is False)",
+        "is_weights": "Algorithm.correction_weights (rlcore.steps.correction_step with an is_level)",
     }
     for key in fields:
         if key not in batch:
@@ -408,7 +406,7 @@ def actor_micro_loss(
         extra["is_weights"], _ = is_weights(
             old, micro["rollout_logprobs"][:, :r], mask, cap=algorithm.tis_cap
         )
-    elif "is_weights" in micro:
+    elif algorithm.correction_weights:
         extra["is_weights"] = micro["is_weights"][:, :r]  # (m, r)
     if generator is not None:  # clip_cov: new token draws every step, the same on a resume
         extra["generator"] = generator
@@ -470,7 +468,7 @@ def update_step(
     averaged over the updates that stepped (NaN when none did); actor/grad_norm (before clipping),
     likewise; actor/lr of the last update; actor/bad_updates: updates skipped in this call.
     """
-    work = batch.select(*_needed_fields(batch, algorithm))
+    work = batch.select(*_needed_fields(state.model, batch, algorithm))
     if algorithm.on_policy and (plan.ppo_epochs > 1 or plan.mini_batch_size is not None):
         raise ValueError(
             "update_step: an on-policy algorithm makes one update per step: ppo_epochs 1 and "

@@ -272,7 +272,10 @@ def test_decoupled_is_weights_from_the_correction_step_scale_the_loss(setup):
     weights = corrected["is_weights"]
     torch.testing.assert_close(weights, 2.0 * batch["response_mask"].to(weights.dtype))
     _, plain = update(_state(copy.deepcopy(base)), batch, AlgoConfig(), OPTIM, horizon=HORIZON)
-    _, weighted = update(_state(copy.deepcopy(base)), corrected, AlgoConfig(), OPTIM, horizon=HORIZON)
+    decoupled = AlgoConfig(rollout_is="token", rollout_is_cap=5.0)  # Algorithm.correction_weights
+    _, weighted = update(_state(copy.deepcopy(base)), corrected, decoupled, OPTIM, horizon=HORIZON)
+    _, unweighted = update(_state(copy.deepcopy(base)), corrected, AlgoConfig(), OPTIM, horizon=HORIZON)
+    assert unweighted["actor/pg_loss"] == pytest.approx(plain["actor/pg_loss"], rel=1e-6)  # not asked for
     assert weighted["actor/pg_loss"] == pytest.approx(2.0 * plain["actor/pg_loss"], rel=1e-6)
     assert weighted["actor/grad_norm"] == pytest.approx(2.0 * plain["actor/grad_norm"], rel=1e-6)
 

@@ -51,6 +51,7 @@ from rlcore.dist.reduce import all_reduce_int
 from rlcore.dist.tp import vocab_group, vocab_parallel_entropy, vocab_parallel_logprobs
 from rlcore.dist.ulysses import sp_group
 from rlcore.models.exact import EXACT_ATTENTION, KernelMode, align_prompts, kernel_mode
+from rlcore.models.families import family_of
 from rlcore.models.layouts import Layout, adapted, layout_of
 from rlcore.models.moe import router_tap
 from rlcore.models.shared_prompt import aligned, choose_plan, pack_plan, prompt_groups, worth_packing
@@ -73,12 +74,37 @@ RESPONSE_ROPE_FIELD = "response_rope_positions"
 """The response's M-RoPE positions (b, 3, t), where observations brought images into it (the agent loop,
 `rlcore.rollout.agent_images`); without it the response continues as text."""
 
-VISION_FIELDS = (ROPE_FIELD, RESPONSE_ROPE_FIELD, VISION_FIELD)
-"""What a vision-language batch's forwards read besides the sequences."""
-
 ROUTE_FIELDS = ("prompt_routes", "response_routes")
 """A mixture of experts' recorded routes (b, p, L, k) and (b, t, L, k), int16, -1 where none was
 recorded (`rlcore.models.moe`): the model passes replay them when the batch carries them."""
+
+
+def takes_images(model: nn.Module) -> bool:
+    """Whether `model` is a vision-language family's (its record's `vision`, `rlcore.models.families`). Its
+    batches carry `rope_positions` and `multi_modal_inputs` on every row, with images or not; a text
+    family's forwards never read them. Decided by the record, never by the fields a batch happens to hold,
+    so a vision-language batch that lost its images is an error, not a text forward."""
+    return family_of(model).vision is not None
+
+
+def model_fields(model: nn.Module, batch: Batch) -> tuple[str, ...]:
+    """The fields a forward of `model` reads from `batch`: `SEQUENCE_FIELDS`; a vision-language model's images
+    and M-RoPE positions (`takes_images`: required; the response's own positions only where the agent loop's
+    observations brought images); and the recorded routes where the rollout recorded them
+    (`--algo.router-replay`): an optional group of columns whose presence is the record of that choice."""
+    fields = [*SEQUENCE_FIELDS, *(ROUTE_FIELDS if ROUTE_FIELDS[0] in batch else ())]
+    if takes_images(model):
+        require_vision(batch, model)
+        fields += [ROPE_FIELD, VISION_FIELD, *([RESPONSE_ROPE_FIELD] if RESPONSE_ROPE_FIELD in batch else [])]
+    return tuple(fields)
+
+
+def require_vision(batch: Batch, model: nn.Module) -> None:
+    """Raise, naming the fix, where a vision-language model's `batch` lacks its images or M-RoPE positions."""
+    missing = [k for k in (ROPE_FIELD, VISION_FIELD) if k not in batch]
+    if missing:
+        raise ValueError(f"a {family_of(model).name} batch has no {' or '.join(missing)}: build its prompts with the model's "
+                         "processor (rlcore.data.prompts.make_prompt_batch(..., vision=...))")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -135,9 +161,10 @@ class _Trimmed:
     response_rope: Tensor | None = None  # (m, 3, r) the response's, where it holds images, or None
 
 
-def _trimmed(batch: Batch, *, align: int = 1) -> _Trimmed:
-    """The batch's prompt, response, recorded routes and rotary positions, cut to the columns some row uses;
-    the prompt part left-padded or cut to a multiple of `align` columns (a kernel mode's, `KernelMode.align`)."""
+def _trimmed(batch: Batch, *, align: int = 1, vision: bool = False) -> _Trimmed:
+    """The batch's prompt, response, recorded routes and (`vision`) M-RoPE positions, cut to the columns some
+    row uses; the prompt part left-padded or cut to a multiple of `align` columns (a kernel mode's,
+    `KernelMode.align`)."""
     batch = align_prompts(batch, align)
     attn_p = batch["attention_mask"].long()  # (m, p)
     attn_r = batch["response_attention"].long()  # (m, t)
@@ -148,21 +175,22 @@ def _trimmed(batch: Batch, *, align: int = 1) -> _Trimmed:
     width = int(response_used.nonzero().max().item()) + 1 if bool(response_used.any()) else 0
     cut = cut_columns(batch, first, width)  # every per-token field, as the batch schema lays it out
     routes = (cut[ROUTE_FIELDS[0]], cut[ROUTE_FIELDS[1]]) if ROUTE_FIELDS[0] in cut else None
-    rope = cut[ROPE_FIELD] if ROPE_FIELD in cut else None  # noqa: SIM401  (a Batch has no .get)
-    response_rope = cut[RESPONSE_ROPE_FIELD] if RESPONSE_ROPE_FIELD in cut else None  # noqa: SIM401
+    rope = cut[ROPE_FIELD] if vision else None
+    response_rope = cut[RESPONSE_ROPE_FIELD] if vision and RESPONSE_ROPE_FIELD in cut else None
     return _Trimmed(cut["input_ids"], attn_p[:, first:], cut["responses"], attn_r[:, :width], routes, rope,
                     response_rope)  # fmt: skip
 
 
-def sequence_tensors(batch: Batch) -> ModelInputs:
-    """Model inputs for `batch`'s rows, trimmed to the columns some row uses (see the module docstring)."""
-    return _row_inputs(_trimmed(batch), vision_inputs(batch))
+def sequence_tensors(batch: Batch, *, vision: bool = False) -> ModelInputs:
+    """Model inputs for `batch`'s rows, trimmed to the columns some row uses (see the module docstring);
+    `vision`: a vision-language model's (`takes_images`), with the rows' images and M-RoPE positions."""
+    return _row_inputs(_trimmed(batch, vision=vision), vision_inputs(batch) if vision else None)
 
 
 def vision_inputs(batch: Batch) -> Images | None:
-    """The rows' images as one forward takes them (`rlcore.models.vision.Images`: each distinct image
-    once, in the order of their placeholder runs), or None without images."""
-    return images_of(batch[VISION_FIELD]) if VISION_FIELD in batch else None
+    """A vision-language batch's images as one forward takes them (`rlcore.models.vision.Images`: each
+    distinct image once, in the order of their placeholder runs), or None where no row has one."""
+    return images_of(batch[VISION_FIELD])
 
 
 def _row_inputs(t: _Trimmed, vision: Images | None = None) -> ModelInputs:
@@ -222,8 +250,11 @@ def model_inputs(
     """
     align = (kernel_mode(model) if mode is None else mode).align  # where prompts end and responses start
     hidden = _packable_hidden(model) if share_prompts and sp_group(model) is None else None
-    t = _trimmed(batch, align=align)
-    if t.rope is not None:  # a vision-language model: rows (packing images is not measured yet)
+    vision = takes_images(model)
+    if vision:
+        require_vision(batch, model)
+    t = _trimmed(batch, align=align, vision=vision)
+    if vision:  # a vision-language model: rows (packing images is not measured yet)
         return _row_inputs(t, vision_inputs(batch))
     ids_p, attn_p, attn_r = t.ids_p, t.attn_p, t.attn_r
     left_padded = bool((attn_p[:, 1:] >= attn_p[:, :-1]).all()) and bool(attn_p[:, -1].all())
@@ -456,7 +487,7 @@ def compute_logprobs(
     its samples where that pays (`share_prompts`); under FSDP every rank of the model's mesh must call
     it (the micro-batch count is agreed with one collective).
     """
-    work = batch.select(*SEQUENCE_FIELDS, *(k for k in (*ROUTE_FIELDS, *VISION_FIELDS) if k in batch))
+    work = batch.select(*model_fields(model, batch))
     mask = batch["response_mask"]
     b, t = mask.shape
     logprobs = torch.zeros(b, t, dtype=torch.float32, device=mask.device)

@@ -97,7 +97,7 @@ def score_step(
         raise ValueError("score_step needs a rule scorer, a reward model, a judge, or some of them")
     responses, response_mask = batch["responses"], batch["response_mask"]
     # the whole response as the policy saw it: multi-turn tool results (attended, not trained) included
-    visible = batch["response_attention"] if "response_attention" in batch else response_mask  # noqa: SIM401
+    visible = batch["response_attention"]
     texts = decode_responses(tokenizer, responses, visible)
     metrics: dict[str, Tensor] = {}
     total = torch.zeros(len(batch), dtype=torch.float64)  # (b,)

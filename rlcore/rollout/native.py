@@ -63,7 +63,7 @@ from rlcore.batch import Batch
 from rlcore.data.prompts import pad_token_id
 from rlcore.models.exact import align_prompts, kernel_mode
 from rlcore.models.families import covering
-from rlcore.models.forward import ROPE_FIELD, VISION_FIELD, vision_inputs
+from rlcore.models.forward import ROPE_FIELD, VISION_FIELD, require_vision, takes_images, vision_inputs
 from rlcore.models.moe import RouterTap, router_tap
 from rlcore.models.vision import Images, feeding, placeholder_ids, suppress
 from rlcore.rollout.base import SamplingParams
@@ -219,6 +219,7 @@ class NativeEngine:
             if compile and self._lean is None
             else model
         )
+        self._vision = takes_images(model)  # its prompts carry images and M-RoPE positions (the family record)
         self._banned = torch.tensor(placeholder_ids(model), dtype=torch.long, device=self.device)
         self._tap = router_tap(model)  # a mixture of experts: generate routes by its own routers
         self._record = record_routes
@@ -262,6 +263,8 @@ class NativeEngine:
         if self._asleep:
             raise RuntimeError("NativeEngine.generate called while asleep; call wake() first")
         _check_params(sampling)
+        if self._vision:
+            require_vision(prompts, self.model)
         rows = prompts.repeat_interleave(sampling.n)
         out_device = prompts["input_ids"].device
         generator = self.generator
@@ -356,11 +359,13 @@ class NativeEngine:
         prompt_mask = prompts["attention_mask"].to(self.device)  # (b, p)
         n, static = sp.n, self.kv_cache == "static"
         if static and n > 1:
-            if ROPE_FIELD in prompts:
+            if self._vision:
                 raise ValueError("kv_cache='static' does not take images (each sample would prefill them)")
             ids, pos, prompt_mask = (x.repeat_interleave(n, dim=0) for x in (ids, pos, prompt_mask))
             n = 1
-        images, rope, after = _vision_prefill(prompts, pos, self.device)
+        images, rope, after = (
+            _vision_prefill(prompts, pos, self.device) if self._vision else (None, pos, pos[:, -1:] + 1)
+        )
         if self._lean is not None:
             cache = self._new_cache(ids.shape[1])
             logits = self._prefill(ids, prompt_mask, rope, cache, images)
@@ -461,7 +466,7 @@ class NativeEngine:
             "attention_mask": torch.cat([mask, torch.ones_like(sampled, dtype=mask.dtype)], dim=1),
             "position_ids": torch.cat([pos, after], dim=1),
         })  # fmt: skip
-        if ROPE_FIELD in prompts:  # a vision-language prompt: its images, and the tokens so far as text
+        if self._vision:  # a vision-language prompt: its images, and the tokens so far as text
             rope = prompts[ROPE_FIELD][rows].to(self.device)  # (a, 3, p)
             text = rope.amax(dim=(1, 2))[:, None] + torch.arange(1, k + 1, device=self.device)  # (a, k)
             context = context.with_(
@@ -591,9 +596,7 @@ def _vision_prefill(
     prompts: Batch, pos: Tensor, device: torch.device
 ) -> tuple[Images | None, Tensor, Tensor]:
     """(the prefill's images, its position ids, each row's next position (b, 1)): a vision-language batch's
-    images and (3, b, p) M-RoPE positions (`rlcore.data.vision`), else none and `pos` as given."""
-    if ROPE_FIELD not in prompts:
-        return None, pos, pos[:, -1:] + 1
+    images (None where no row has one) and (3, b, p) M-RoPE positions (`rlcore.data.vision`)."""
     rope = prompts[ROPE_FIELD].to(device)  # (b, 3, p)
     images = vision_inputs(prompts)
     return (

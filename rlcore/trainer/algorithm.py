@@ -249,6 +249,7 @@ def algorithm_of(a: AlgoConfig, critic: CriticConfig | None = None, *, on_policy
         entropy_coef=a.entropy_coef,
         tis_cap=a.tis_cap,
         correction=_correction(a),
+        correction_weights=corrects(a) and a.rollout_is is not None,
         bypass=a.bypass,
         router_aux_coef=a.router_aux_coef,
         value_loss_fn=partial(value_loss, clip=critic.value_clip, agg=a.loss_agg),

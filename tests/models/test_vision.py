@@ -86,9 +86,15 @@ def test_native_engine_with_images_equals_the_hf_forward(family):
     assert ((reference - out["rollout_logprobs"]).abs() * mask).max() <= 1e-5  # prefill + decode
     ours, _ = compute_logprobs(m, out, max_tokens=64)  # the trainer's pass, token-budget micro-batches
     assert ((ours - reference).abs() * mask).max() <= 1e-5
+    text = (out["attention_mask"].cumsum(-1) - 1).clamp(min=0)[:, None, :].expand(-1, 3, -1)  # (b, 3, p)
+    plain, _ = compute_logprobs(m, out.with_(rope_positions=text, overwrite=True))
+    assert ((plain - reference).abs() * mask).max() > 1e-3  # the M-RoPE positions matter
     no_rope = out.select(*(k for k in out.keys() if k != "rope_positions"))  # noqa: SIM118
-    plain, _ = compute_logprobs(m, no_rope)
-    assert ((plain - reference).abs() * mask).max() > 1e-3  # the positions and images matter
+    with pytest.raises(ValueError, match="Qwen.* batch has no rope_positions: build its prompts with"):
+        compute_logprobs(m, no_rope)  # decided by the family's record, not by the fields a batch holds
+    with pytest.raises(ValueError, match="has no multi_modal_inputs"):
+        NativeEngine(m, tokenizer()).generate(prompts.select("input_ids", "attention_mask", "rope_positions"),
+                                              SamplingParams(max_tokens=2))  # fmt: skip
 
 
 def test_the_engine_never_samples_a_placeholder():
@@ -194,7 +200,8 @@ def test_critic_lora_and_freezing_see_the_language_model_and_the_images():
     critic = build_critic("builtin:tiny-vl", seed=0)
     torch.nn.init.normal_(critic.value_head.weight)  # (the head starts at zero)
     values = compute_values(critic, out)
-    blind = compute_values(critic, out.select(*(k for k in out.keys() if k != "rope_positions")))  # noqa: SIM118
+    text = (out["attention_mask"].cumsum(-1) - 1).clamp(min=0)[:, None, :].expand(-1, 3, -1)  # as text reads
+    blind = compute_values(critic, out.with_(rope_positions=text, overwrite=True))
     image_rows = torch.tensor([bool(x) for x in out["multi_modal_inputs"]])
     assert (values - blind)[image_rows].abs().max() > 1e-3 and torch.equal(values[~image_rows], blind[~image_rows])
     names = [n for n, _ in adapter_params(apply_lora(model("qwen2_vl"), rank=2, alpha=4, dropout=0, targets=()))]

@@ -144,7 +144,7 @@ def test_score_step_judges_its_sources_and_rules_the_others(tiny_judge):
                   sampling=greedy(4), sources=frozenset({"my/judged"}))  # fmt: skip
     responses = [tokenizer.encode(t, add_special_tokens=False) for t in ("21", "99", "21")]
     batch = Batch.from_dict({
-        "responses": torch.tensor(responses), "response_mask": torch.ones(3, 2),
+        "responses": torch.tensor(responses), "response_mask": torch.ones(3, 2), "response_attention": torch.ones(3, 2),
         "data_source": ["builtin/reverse", "my/judged", "my/judged"], "ground_truth": ["21", None, None],
         "extra_info": [{}, {}, {}], "raw_prompt": ["reverse 12", "5", "7"],
     })  # fmt: skip

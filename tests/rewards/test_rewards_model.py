@@ -138,6 +138,7 @@ def policy_batch(policy_tok, prompts: list[str], responses: list[str], *, raw: b
         "attention_mask": attention_mask,
         "responses": resp,
         "response_mask": mask,
+        "response_attention": mask,
         "data_source": ["builtin/add"] * len(prompts),
         "ground_truth": ["5", "9"],
         "extra_info": [{}, {}],

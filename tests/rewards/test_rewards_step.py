@@ -35,6 +35,7 @@ def make_batch(tokenizer, responses: list[str], *, sources, truths, width: int =
         {
             "responses": rows,
             "response_mask": mask,
+            "response_attention": mask,
             "data_source": list(sources),
             "ground_truth": list(truths),
             "extra_info": extra or [{} for _ in responses],

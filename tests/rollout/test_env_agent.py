@@ -360,7 +360,7 @@ def test_scores_are_env_rewards_plus_covered_reward_functions():
     ids = tokenizer("12<|im_end|>", add_special_tokens=False)["input_ids"]
     t = len(ids)
     batch = Batch.from_dict({
-        "responses": torch.tensor([ids] * 3), "response_mask": torch.ones(3, t),
+        "responses": torch.tensor([ids] * 3), "response_mask": torch.ones(3, t), "response_attention": torch.ones(3, t),
         "data_source": ["guess", "builtin/reverse", "builtin/reverse"], "ground_truth": ["", "21", "21"],
         "extra_info": [{}, {}, {}], "env_rewards": torch.tensor([0.5, 0.25, 0.75]),
         "env_errors": torch.tensor([False, False, True]), "env_timeouts": torch.tensor([False, False, False]),
