@@ -90,7 +90,7 @@ def test_native_engine_with_images_equals_the_hf_forward(family):
     plain, _ = compute_logprobs(m, out.with_(rope_positions=text, overwrite=True))
     assert ((plain - reference).abs() * mask).max() > 1e-3  # the M-RoPE positions matter
     no_rope = out.select(*(k for k in out.keys() if k != "rope_positions"))  # noqa: SIM118
-    with pytest.raises(ValueError, match="Qwen.* batch has no rope_positions: build its prompts with"):
+    with pytest.raises(ValueError, match=r"Qwen.* batch has no rope_positions: build its prompts with"):
         compute_logprobs(m, no_rope)  # decided by the family's record, not by the fields a batch holds
     with pytest.raises(ValueError, match="has no multi_modal_inputs"):
         NativeEngine(m, tokenizer()).generate(prompts.select("input_ids", "attention_mask", "rope_positions"),
