@@ -143,6 +143,15 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, T
     return input_ids, attention_mask, position_ids
 
 
+def right_pad(rows: Sequence[Sequence[float]], value: float, dtype: torch.dtype, width: int) -> Tensor:
+    """(b, width) `dtype`: each row's values from column 0, `value` after them (responses' padding)."""
+    out = torch.full((len(rows), width), value, dtype=dtype)
+    for i, row in enumerate(rows):
+        if len(row):
+            out[i, : len(row)] = torch.as_tensor(row, dtype=dtype)
+    return out
+
+
 def pad_token_id(tokenizer: Any) -> int:
     """The tokenizer's pad id, else its eos id (padding is masked out, so only the mask matters)."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

