@@ -51,7 +51,16 @@ from rlcore.dist.reduce import all_reduce_int
 from rlcore.dist.tp import vocab_group, vocab_parallel_entropy, vocab_parallel_logprobs
 from rlcore.dist.ulysses import sp_group
 from rlcore.models.exact import EXACT_ATTENTION, KernelMode, align_prompts, kernel_mode
-from rlcore.models.families import family_of
+from rlcore.models.fields import (  # noqa: F401  (SEQUENCE_FIELDS, ROUTE_FIELDS...: imported from here)
+    RESPONSE_ROPE_FIELD,
+    ROPE_FIELD,
+    ROUTE_FIELDS,
+    SEQUENCE_FIELDS,
+    VISION_FIELD,
+    model_fields,
+    require_vision,
+    takes_images,
+)
 from rlcore.models.layouts import Layout, adapted, layout_of
 from rlcore.models.moe import router_tap
 from rlcore.models.shared_prompt import aligned, choose_plan, pack_plan, prompt_groups, worth_packing
@@ -60,52 +69,6 @@ from rlcore.pure.logprobs import token_logprobs
 from rlcore.pure.losses import entropy as _entropy
 
 _CHUNK_BYTES = 64 * 2**20  # float32 logits per entropy chunk
-
-SEQUENCE_FIELDS = ("input_ids", "attention_mask", "responses", "response_attention", "response_mask")
-"""The batch fields the model passes read."""
-
-VISION_FIELD = "multi_modal_inputs"
-"""A vision-language batch's per-row images as model inputs (`rlcore.data.prompts`)."""
-
-ROPE_FIELD = "rope_positions"
-"""A vision-language batch's prompt M-RoPE positions (b, 3, p) (`rlcore.data.vision`)."""
-
-RESPONSE_ROPE_FIELD = "response_rope_positions"
-"""The response's M-RoPE positions (b, 3, t), where observations brought images into it (the agent loop,
-`rlcore.rollout.agent_images`); without it the response continues as text."""
-
-ROUTE_FIELDS = ("prompt_routes", "response_routes")
-"""A mixture of experts' recorded routes (b, p, L, k) and (b, t, L, k), int16, -1 where none was
-recorded (`rlcore.models.moe`): the model passes replay them when the batch carries them."""
-
-
-def takes_images(model: nn.Module) -> bool:
-    """Whether `model` is a vision-language family's (its record's `vision`, `rlcore.models.families`). Its
-    batches carry `rope_positions` and `multi_modal_inputs` on every row, with images or not; a text
-    family's forwards never read them. Decided by the record, never by the fields a batch happens to hold,
-    so a vision-language batch that lost its images is an error, not a text forward."""
-    return family_of(model).vision is not None
-
-
-def model_fields(model: nn.Module, batch: Batch) -> tuple[str, ...]:
-    """The fields a forward of `model` reads from `batch`: `SEQUENCE_FIELDS`; a vision-language model's images
-    and M-RoPE positions (`takes_images`: required; the response's own positions only where the agent loop's
-    observations brought images); and the recorded routes where the rollout recorded them
-    (`--algo.router-replay`): an optional group of columns whose presence is the record of that choice."""
-    fields = [*SEQUENCE_FIELDS, *(ROUTE_FIELDS if ROUTE_FIELDS[0] in batch else ())]
-    if takes_images(model):
-        require_vision(batch, model)
-        fields += [ROPE_FIELD, VISION_FIELD, *([RESPONSE_ROPE_FIELD] if RESPONSE_ROPE_FIELD in batch else [])]
-    return tuple(fields)
-
-
-def require_vision(batch: Batch, model: nn.Module) -> None:
-    """Raise, naming the fix, where a vision-language model's `batch` lacks its images or M-RoPE positions."""
-    missing = [k for k in (ROPE_FIELD, VISION_FIELD) if k not in batch]
-    if missing:
-        raise ValueError(f"a {family_of(model).name} batch has no {' or '.join(missing)}: build its prompts with the model's "
-                         "processor (rlcore.data.prompts.make_prompt_batch(..., vision=...))")  # fmt: skip
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelInputs:
