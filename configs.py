@@ -127,6 +127,17 @@ class RolloutConfig:
     """How the model writes tool calls: a key of rlcore.rollout.chat.TOOL_CALL_FORMATS (hermes:
     <tool_call>{"name": ..., "arguments": {...}}</tool_call>, as Qwen2.5/Qwen3 and Hermes)."""
 
+    agent: str | None = None
+    """An agent written against the openai client, path/to/file.py:function (`async def run(client, row)`,
+    rlcore.gateway.agents): run n times per prompt against an OpenAI-compatible endpoint in front of the
+    engine, its calls recorded token for token and trained on. It returns its reward (a number, a dict with
+    `reward`), or None for the row's reward function."""
+    agent_concurrency: int = 64
+    """Most agent episodes running at once (their requests are batched into the engine together)."""
+    agent_timeout_s: float = 300.0
+    """Deadline of one agent episode; past it (or when it raises) the episode scores
+    --reward.failure-score and counts in agent/failures."""
+
     @property
     def multi_turn(self) -> bool:
         """Whether the rollout is the agent loop."""

@@ -40,14 +40,6 @@ HEAD = (49152, 576)
 LAYERS = 30
 
 
-def lscpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "?")
-
-
 def pass_seconds(rows: int, dtype, layout, repeats: int) -> tuple[float, float]:
     """(median seconds of one pass of every SmolLM2 product on `rows` rows in `layout`, its FLOPs)."""
     import torch
@@ -72,7 +64,7 @@ def pass_seconds(rows: int, dtype, layout, repeats: int) -> tuple[float, float]:
 def measure(quick: bool) -> None:
     """This process's setting: the CPU, the peaks, and per dtype and layout whether it holds and its cost."""
     import torch
-    from benchlib import matmul_gflops
+    from benchlib import lscpu_model, matmul_gflops
 
     from rlcore.models import exact_check
     from rlcore.models.onednn import cpu_isa

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import subprocess
 import time
 
 import torch
@@ -48,3 +49,12 @@ def rollout(input_ids, attention_mask, responses, response_attention):
             "response_mask": response_attention,
         }
     )
+
+
+def lscpu_model() -> str:
+    """The CPU's model name as `lscpu` prints it (benchmarks print it beside the ISA)."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "?")

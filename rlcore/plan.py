@@ -69,6 +69,9 @@ class RolloutPlan:
     """DAPO's soft overlong penalty on the scores (None: off)."""
     val_n: int = 1
     """Samples per validation prompt (pass@k beside the greedy score)."""
+    given_rewards: str | None = None
+    """The batch field of rewards the rollout gives itself (an openai-client agent's, `agent_rewards`,
+    `rlcore.gateway.agents`), which `score_step(given=...)` takes; None: the reward functions score every row."""
 
     def seeded(self, seed: int) -> SamplingParams:
         return dataclasses.replace(self.sampling, seed=seed)

@@ -52,8 +52,12 @@ AGENT_METRICS: dict[str, tuple[str, str]] = {
     "env_errors": ("agent/env_errors", "sum"),
     "env_timeouts": ("agent/env_timeouts", "sum"),
     "retokenize_mismatch": ("agent/retokenize_mismatch", "mean"),
+    "agent_failed": ("agent/failures", "sum"),
+    "agent_split": ("agent/splits", "sum"),
+    "agent_metrics": ("agent", "keys"),
 }
-"""Per-sample fields of the agent loop (`rlcore.rollout.agent`) -> (metric, mean over samples or count)."""
+"""Per-sample fields of the agent loop (`rlcore.rollout.agent`) and of openai-client agents
+(`rlcore.gateway.agents`) -> (metric, mean over samples, count, or "keys": per-row dicts, each key's mean)."""
 
 
 def rollout_step(
@@ -72,10 +76,18 @@ def rollout_step(
         "timing/rollout_s": torch.tensor(seconds),
     }
     for key, (name, reduce) in AGENT_METRICS.items():
-        if key in batch:  # the multi-turn agent loop's fields
+        if key in batch and reduce == "keys":  # per-row dicts of numbers: each key's mean, `agent/<key>`
+            metrics |= _key_means(batch[key], name)
+        elif key in batch:  # the multi-turn agent loop's fields
             values = batch[key].float()
             metrics[name] = values.mean() if reduce == "mean" else values.sum()
     return batch, metrics
+
+
+def _key_means(rows: list[dict[str, float]], prefix: str) -> dict[str, Tensor]:
+    """`prefix/<key>`: the mean of each key over the rows that have it."""
+    keys = sorted({k for row in rows for k in row})
+    return {f"{prefix}/{k}": torch.tensor([row[k] for row in rows if k in row]).float().mean() for k in keys}
 
 
 def logprob_step(model: Any, batch: Batch, *, key: str = "old_logprobs", **forward_kw: Any) -> Batch:

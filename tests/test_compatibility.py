@@ -26,6 +26,7 @@ ASK = {
     "vllm": lambda c: _part(c, "rollout", engine="vllm"),
     "compile": lambda c: _part(c, "rollout", compile=True),
     "agent": lambda c: _part(c, "rollout", max_turns=3),
+    "openai-agent": lambda c: _part(c, "rollout", agent="agent.py:run"),
     "model-parallel": lambda c: _part(c, "trainer", tp=2),
     "sp": lambda c: _part(c, "trainer", sp=2),
     "ep": lambda c: _part(c, "trainer", ep=2),

@@ -17,7 +17,8 @@ multi-turn response is scored with its tool results, which the policy saw but is
 An environment's episodes (`env_rewards` in the batch, `rlcore.rollout.agent`) add their summed step
 rewards; there the reward function scores only the rows whose data_source it covers
 (`RewardScorer.covers`), and an episode whose environment failed scores its `env_rewards` (the failure
-score) alone. Metrics: `reward/env_mean` besides the above.
+score) alone. Metrics: `reward/env_mean` besides the above. Rewards an agent returned (`given`) replace
+the reward functions' on their rows; metrics `reward/agent_mean` and `reward/agent_given_frac`.
 """
 
 from __future__ import annotations
@@ -90,9 +91,12 @@ def score_step(
     rm_weight: float = 1.0,
     overlong: OverlongPenalty | None = None,
     judge: Judge | None = None,
+    given: Tensor | None = None,
 ) -> tuple[Batch, dict[str, Tensor]]:
     """Batch + `token_scores` (b, t) and `reward_extras`, and the step's reward metrics; with a `judge`,
-    its rows' scores come from its verdicts (`judge_verdicts` in the batch, None on other rows)."""
+    its rows' scores come from its verdicts (`judge_verdicts` in the batch, None on other rows). `given`:
+    (b,) rewards the rollout gave itself (an openai-client agent's, `rlcore.gateway.agents`); a row with a
+    number scores it (no reward function or judge runs on it), a NaN row is scored as usual."""
     if scorer is None and reward_model is None and judge is None:
         raise ValueError("score_step needs a rule scorer, a reward model, a judge, or some of them")
     responses, response_mask = batch["responses"], batch["response_mask"]
@@ -107,7 +111,9 @@ def score_step(
     ruled = (
         (i for i, s in enumerate(batch["data_source"]) if not episodes or scorer.covers(s)) if scorer else ()
     )
-    scored = sorted(set(ruled) - set(judged))
+    own = set() if given is None else set(torch.isfinite(given).nonzero().flatten().tolist())
+    judged = [i for i in judged if i not in own]
+    scored = sorted(set(ruled) - set(judged) - own)
     if judged:
         total, verdicts, judge_metrics = _judged(
             judge, batch, texts, judged, _prompts(batch, tokenizer), total
@@ -115,34 +121,18 @@ def score_step(
         metrics |= judge_metrics
         batch = batch.with_(judge_verdicts=verdicts, overwrite=True)
     if scored:
-        pick = lambda key: [batch[key][i] for i in scored]  # noqa: E731
-        result = scorer.score(
-            pick("data_source"), [texts[i] for i in scored], pick("ground_truth"), pick("extra_info")
-        )
-        rule = torch.zeros(len(batch), dtype=torch.float64)  # (b,); 0 where no reward function covers the row
-        rule[scored] = torch.tensor(result.scores, dtype=torch.float64)
+        rule = _ruled(scorer, batch, texts, scored, extras, metrics)  # (b,); 0 where no reward function covers
         total = total + rule_weight * rule
-        for i, e in zip(scored, result.extras, strict=True):
-            extras[i] = dict(e)
-        metrics.update({f"reward/{k}": torch.tensor(v) for k, v in result.extra_means().items()})
-        metrics["reward/errors"] = torch.tensor(float(result.errors))  # after the extras: ours win a clash
-        metrics["reward/timeouts"] = torch.tensor(float(result.timeouts))
         if reward_model is not None:
             metrics["reward/rule_mean"] = rule.mean()
     if reward_model is not None:
         rm = reward_model.score(_prompts(batch, tokenizer), texts).to(torch.float64).cpu()  # (b,)
         total = total + rm_weight * rm
         metrics["reward/rm_mean"] = rm.mean()
-    if overlong is not None:
-        penalty = overlong_penalty(
-            visible.sum(dim=1).cpu(),  # the budget max_length bounds counts tool results too
-            max_length=overlong.max_length,
-            buffer_length=overlong.buffer_length,
-            penalty_factor=overlong.penalty_factor,
-        )  # (b,)
-        total = total + penalty
-        metrics["reward/overlong_penalty_mean"] = penalty.mean()
-        metrics["reward/overlong_frac"] = (penalty < 0).to(torch.float64).mean()
+    if given is not None:
+        total = _given(total, given.to(torch.float64).cpu(), metrics)
+    if overlong is not None:  # its budget, max_length, counts tool results too
+        total = total + _overlong(overlong, visible.sum(dim=1).cpu(), metrics)
     if episodes:
         env = batch["env_rewards"].to(torch.float64).cpu()  # (b,)
         failed = (batch["env_errors"] | batch["env_timeouts"]).cpu()  # (b,) bool
@@ -152,6 +142,40 @@ def score_step(
     token_scores = last_token_scores(total.to(response_mask.device), response_mask)  # (b, t)
     metrics = {k: v.to(torch.float32) for k, v in metrics.items()}
     return batch.with_(token_scores=token_scores, reward_extras=extras), metrics
+
+
+def _ruled(scorer: RewardScorer, batch: Batch, texts: list[str], rows: list[int], extras: list[dict[str, float]],
+           metrics: dict[str, Tensor]) -> Tensor:  # fmt: skip
+    """(b,) the reward functions' scores of `rows` (0 elsewhere); their extras into `extras`, and the metrics
+    `reward/<extra>`, `reward/errors`, `reward/timeouts` into `metrics`."""
+    pick = lambda key: [batch[key][i] for i in rows]  # noqa: E731
+    result = scorer.score(pick("data_source"), [texts[i] for i in rows], pick("ground_truth"), pick("extra_info"))
+    rule = torch.zeros(len(batch), dtype=torch.float64)  # (b,)
+    rule[rows] = torch.tensor(result.scores, dtype=torch.float64)
+    for i, e in zip(rows, result.extras, strict=True):
+        extras[i] = dict(e)
+    metrics.update({f"reward/{k}": torch.tensor(v) for k, v in result.extra_means().items()})
+    metrics["reward/errors"] = torch.tensor(float(result.errors))  # after the extras: ours win a clash
+    metrics["reward/timeouts"] = torch.tensor(float(result.timeouts))
+    return rule
+
+
+def _overlong(overlong: OverlongPenalty, lengths: Tensor, metrics: dict[str, Tensor]) -> Tensor:
+    """(b,) DAPO's soft overlong penalty of responses `lengths` long, with its two metrics."""
+    penalty = overlong_penalty(lengths, max_length=overlong.max_length, buffer_length=overlong.buffer_length,
+                               penalty_factor=overlong.penalty_factor)  # fmt: skip
+    metrics["reward/overlong_penalty_mean"] = penalty.mean()
+    metrics["reward/overlong_frac"] = (penalty < 0).to(torch.float64).mean()
+    return penalty
+
+
+def _given(total: Tensor, given: Tensor, metrics: dict[str, Tensor]) -> Tensor:
+    """`total` with the given rewards where they are numbers; `reward/agent_mean` over those rows and
+    `reward/agent_given_frac`, the share of rows that had one."""
+    own = torch.isfinite(given)  # (b,)
+    metrics["reward/agent_mean"] = given[own].mean() if own.any() else torch.tensor(0.0)
+    metrics["reward/agent_given_frac"] = own.to(torch.float64).mean()
+    return torch.where(own, given, total)
 
 
 def _judged(judge: Judge, batch: Batch, texts: list[str], rows: list[int], prompts: list[Any],

@@ -153,11 +153,12 @@ class ChatRenderer:
     tokenizer: Any
     schemas: tuple[dict[str, Any], ...] = ()
 
-    def _render(self, messages: list[Message], *, generation_prompt: bool) -> str:
+    def _render(self, messages: list[Message], *, generation_prompt: bool, continued: bool = False) -> str:
         return self.tokenizer.apply_chat_template(
             messages,
             tools=list(self.schemas) or None,
             add_generation_prompt=generation_prompt,
+            continue_final_message=continued,
             tokenize=False,
         )
 
@@ -176,6 +177,11 @@ class ChatRenderer:
     def prompt_ids(self, messages: list[Message]) -> list[int]:
         """The tokens of `messages` with the generation prompt (the context of the first turn)."""
         return self.encode(self.prompt_text(messages))
+
+    def continued_ids(self, messages: list[Message]) -> list[int]:
+        """The tokens of `messages` whose last, an assistant message, the model goes on writing (transformers'
+        `continue_final_message`: no end of turn after it, no generation prompt)."""
+        return self.encode(self._render(messages, generation_prompt=False, continued=True))
 
     def observation_text(self, messages: list[Message], sampled_text: str) -> str:
         """The text that follows a turn whose decoded tokens (special tokens kept) are `sampled_text`:

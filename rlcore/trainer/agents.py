@@ -1,5 +1,6 @@
-"""The trainer's multi-turn rollout from the config: the environment and tools files (loaded and checked
-at start-up, before any model) and the agent loop around the engine."""
+"""The trainer's multi-turn rollout from the config: the environment, tools and agent files (loaded and
+checked at start-up, before any model) and the agent loop, or the openai-client agent's gateway, around the
+engine."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import dataclasses
 from typing import Any
 
 from configs import Config
+from rlcore.gateway import agents as gateway_agents
 from rlcore.rollout.agent import AgentEngine, EnvOptions
 from rlcore.rollout.chat import ChatTools, load_tools, renders_roles
 from rlcore.rollout.env import load_env
@@ -14,18 +16,20 @@ from rlcore.rollout.env import load_env
 
 @dataclasses.dataclass(frozen=True)
 class AgentFiles:
-    """What `--rollout.env` and `--rollout.tools` name, loaded."""
+    """What `--rollout.env`, `--rollout.tools` and `--rollout.agent` name, loaded."""
 
     env: type | None
     tools: ChatTools | None
+    agent: gateway_agents.Agent | None = None
 
 
 def load_agent_files(cfg: Config) -> AgentFiles | None:
-    """The loaded env class and tools (None for a single-turn run); a bad file raises EnvSpecError."""
+    """The loaded env class, tools and agent (None for a single-turn run); a bad file raises EnvSpecError."""
     r = cfg.rollout
-    if not r.multi_turn:
+    if not r.multi_turn and r.agent is None:
         return None
-    return AgentFiles(load_env(r.env) if r.env else None, load_tools(r.tools) if r.tools else None)
+    return AgentFiles(load_env(r.env) if r.env else None, load_tools(r.tools) if r.tools else None,
+                      gateway_agents.load_agent(r.agent) if r.agent else None)  # fmt: skip
 
 
 def prompt_tools(files: AgentFiles | None, tokenizer: Any) -> tuple[dict, ...]:
@@ -43,6 +47,10 @@ def agent_engine(
     if files is None:
         return engine
     r = cfg.rollout
+    if files.agent is not None:
+        return gateway_agents.AgentEngine(engine, tokenizer, files.agent, concurrency=r.agent_concurrency,
+                                          timeout_s=r.agent_timeout_s, failure_score=cfg.reward.failure_score,
+                                          call_format=r.tool_format)  # fmt: skip
     env = None
     if files.env is not None:
         env = EnvOptions(cls=files.env, failure_score=cfg.reward.failure_score)

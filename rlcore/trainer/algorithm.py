@@ -20,6 +20,7 @@ import torch
 
 from configs import AlgoConfig, Config, ConfigError, CriticConfig, OptimConfig
 from rlcore.algorithm import ESTIMATOR_INPUTS, Algorithm, estimator_inputs, missing_inputs, parameters
+from rlcore.gateway.agents import GIVEN
 from rlcore.plan import ForwardPlan, KLControl, RolloutPlan, Schedule, StepPlan
 from rlcore.pure.advantages import ESTIMATORS
 from rlcore.pure.distill import distill_advantages
@@ -208,7 +209,7 @@ def rollout_plan(cfg: Config) -> RolloutPlan:
             max_length=r.max_tokens,
         )
     return RolloutPlan(sampling=sampling, dynamic=a.dynamic_sampling, rounds=a.max_sampling_rounds,
-                       overlong=overlong, val_n=r.val_n)  # fmt: skip
+                       overlong=overlong, val_n=r.val_n, given_rewards=GIVEN if r.agent else None)  # fmt: skip
 
 
 def schedule(cfg: Config) -> Schedule:

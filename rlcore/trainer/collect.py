@@ -18,7 +18,7 @@ from rlcore.batch import Batch
 from rlcore.data.dataset import Cursor
 from rlcore.data.prompts import pad_token_id
 from rlcore.dist.reduce import all_reduce_int
-from rlcore.plan import StepPlan
+from rlcore.plan import RolloutPlan, StepPlan
 from rlcore.rollout.base import SamplingParams
 from rlcore.state import Rollout, TrainState
 from rlcore.steps import concat_rollouts, filter_groups, group_signal, rollout_step, score_step
@@ -110,7 +110,8 @@ def collect(
             batch, m = rollout_step(h.engine, prompts, sampling(plan, step, round_, h.dist.rank))
         with phase("scoring"):
             h.hooks.stall(h.dist.rank, step, "scoring")  # test-only (RLCORE_TEST_STALL)
-            batch, rm = score_step(h.scorer, batch, tokenizer=h.tokenizer, overlong=r.overlong, judge=h.judge)
+            batch, rm = score_step(h.scorer, batch, tokenizer=h.tokenizer, overlong=r.overlong, judge=h.judge,
+                                   given=given_rewards(batch, r))  # fmt: skip
         if algorithm.needs_greedy_baseline:
             batch = batch.with_(baseline_rewards=greedy_baseline(h, plan, prompts))
         if round_ == 0:
@@ -133,11 +134,17 @@ def collect(
     return batch, metrics, cursor
 
 
+def given_rewards(batch: Batch, plan: RolloutPlan) -> torch.Tensor | None:
+    """The rewards the rollout gave itself (`RolloutPlan.given_rewards`), or None."""
+    return None if plan.given_rewards is None else batch[plan.given_rewards]
+
+
 def greedy_baseline(h: Handles, plan: StepPlan, prompts: Batch) -> torch.Tensor:
     """ReMax: the reward of each prompt's greedy response, repeated for its n samples.  # (b * n,)"""
     r = plan.rollout
     generated = h.engine.generate(prompts, r.greedy())
-    batch, _ = score_step(h.scorer, generated, tokenizer=h.tokenizer, overlong=r.overlong, judge=h.judge)
+    batch, _ = score_step(h.scorer, generated, tokenizer=h.tokenizer, overlong=r.overlong, judge=h.judge,
+                          given=given_rewards(generated, r))  # fmt: skip
     return batch["token_scores"].sum(-1).repeat_interleave(r.sampling.n)
 
 

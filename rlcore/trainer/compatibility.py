@@ -51,6 +51,8 @@ FEATURES: dict[str, Feature] = {
         Feature("compile", lambda c: "--rollout.compile" if c.rollout.compile else None, "`--rollout.compile`"),
         Feature("agent", lambda c: "the agent loop (--rollout.max-turns / env / tools)" if c.rollout.multi_turn
                 else None, "the agent loop (`--rollout.max-turns > 1`, an env or tools)"),
+        Feature("openai-agent", lambda c: f"--rollout.agent {c.rollout.agent}" if c.rollout.agent else None,
+                "`--rollout.agent` (an openai-client agent through the gateway)"),
         Feature("model-parallel", _model_parallel, "`--trainer.tp N` or `--trainer.sp N`"),
         Feature("sp", lambda c: f"--trainer.sp {c.trainer.sp}" if c.trainer.sp > 1 else None, "`--trainer.sp N`"),
         Feature("ep", lambda c: f"--trainer.ep {c.trainer.ep}" if c.trainer.ep > 1 else None, "`--trainer.ep N`"),
@@ -104,6 +106,11 @@ CLASHES: tuple[Clash, ...] = (
           "--rollout.engine native"),
     Clash("router-replay", "agent", "the agent loop does not carry routes yet; use single-turn rollouts or "
           "--algo.router-replay off"),
+    Clash("openai-agent", "agent", "an openai-client agent is its own multi-turn loop; drop --rollout.max-turns, "
+          "--rollout.env and --rollout.tools (its tools live in the agent's code)"),
+    Clash("router-replay", "openai-agent", "the gateway does not record routes yet; use --algo.router-replay off"),
+    Clash("partial", "openai-agent", "a push between decode steps would split an agent's HTTP call across two "
+          "versions; use --pipeline.mode lag or stream without --pipeline.partial-rollout"),
     Clash("router-replay", "sp", "sequence-parallel forwards do not replay routes; use --trainer.sp 1"),
     Clash("sp", "split", "not built (its flattened mesh axes make process groups the rollout ranks cannot join); "
           "use --trainer.tp, or colocate"),

@@ -89,6 +89,7 @@ class Colocated:
             samples=lambda batch: h.samples.write(step, batch, validation=True),
             teacher=teacher_pass(h, plan),
             judge=h.judge,
+            given=plan.rollout.given_rewards,
         )
 
     def finish(self, h: Handles) -> None:

@@ -20,13 +20,15 @@ from rlcore.rollout.base import RolloutEngine, SamplingParams
 
 
 def _scores(engine: RolloutEngine, dataset: PromptDataset, scorer: RewardScorer, tokenizer: Any, sampling,
-            see: Callable[[int, Batch], None] | None = None, judge: Judge | None = None):  # fmt: skip
+            see: Callable[[int, Batch], None] | None = None, judge: Judge | None = None,
+            given: str | None = None):  # fmt: skip
     """(data_source, uid, score) for every generated sample of the validation set; `see` sees each
     scored batch with its index."""
     out = []
     for j, prompts in enumerate(dataset.iter_batches(256)):
         batch = engine.generate(prompts, sampling)
-        batch, _ = score_step(scorer, batch, tokenizer=tokenizer, judge=judge)
+        batch, _ = score_step(scorer, batch, tokenizer=tokenizer, judge=judge,
+                              given=None if given is None else batch[given])  # fmt: skip
         if see is not None:
             see(j, batch)
         scores = batch["token_scores"].sum(-1).tolist()
@@ -46,6 +48,7 @@ def validate_policy(
     samples: Callable[[Batch], None] | None = None,
     teacher: Callable[[Batch], Tensor] | None = None,
     judge: Judge | None = None,
+    given: str | None = None,
 ) -> dict[str, float]:
     """`val/reward_mean` (greedy), `val/pass@k` (best of k samples at temperature 1), per data_source too;
     `samples` sees the first scored batch of greedy samples (what val_samples.jsonl shows). `teacher`
@@ -61,6 +64,7 @@ def validate_policy(
         SamplingParams(n=1, max_tokens=max_tokens, temperature=0.0),
         first,
         judge,
+        given,
     )
     by_source: dict[str, list[float]] = defaultdict(list)
     for source, _, score in greedy:
@@ -73,7 +77,7 @@ def validate_policy(
         best: dict[str, float] = {}
         tokens: list[tuple[Tensor, Tensor]] = []  # (student, teacher) log-probs of the response tokens
         see = (lambda _, batch: tokens.append(_response_logprobs(batch, teacher))) if teacher else None
-        for _, uid, score in _scores(engine, dataset, scorer, tokenizer, sampling, see, judge):
+        for _, uid, score in _scores(engine, dataset, scorer, tokenizer, sampling, see, judge, given):
             best[uid] = max(best.get(uid, -torch.inf), score)
         metrics["val/pass@k"] = sum(best.values()) / len(best)
         if tokens:
