@@ -379,6 +379,34 @@ def _needed_fields(model: nn.Module, batch: Batch, algorithm: Algorithm) -> tupl
     return (*fields, "uid") if "uid" in batch else tuple(fields)
 
 
+@dataclasses.dataclass(frozen=True)
+class MicroPass:
+    """What one micro-batch's forward gave the loss terms: (m, r) tensors cut to the r response columns."""
+
+    micro: Batch
+    logprob: Tensor
+    """The policy's log-probs, with grad."""
+    entropy: Tensor
+    """Per-token entropies (with grad only when an entropy bonus trains on them)."""
+    old: Tensor
+    mask: Tensor
+    share: Tensor
+    """This micro-batch's share of the mini-batch's tokens."""
+    agg: dict[str, Any]
+    """The aggregation's global normalisers (`NORMS`)."""
+    norms: dict[str, Any]
+    inputs: Any
+    """The `ModelInputs` it ran (their token kinds and routes)."""
+    tap: Any
+    """A mixture of experts' router tap, or None."""
+    trace: Any
+    """What the tap traced during the forward."""
+
+    @property
+    def r(self) -> int:
+        return self.logprob.shape[1]
+
+
 def actor_micro_loss(
     model: nn.Module,
     micro: Batch,
@@ -389,58 +417,94 @@ def actor_micro_loss(
     share_prompts: bool = True,
     generator: torch.Generator | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The policy's micro-batch loss (a `MicroLoss` once the keywords are bound): the policy loss, minus
-    the entropy bonus, plus the KL-to-reference loss; metrics under `actor/` (and `rollout/` gaps)."""
+    """The policy's micro-batch loss (a `MicroLoss` once the keywords are bound): the policy loss, then each
+    of `LOSS_TERMS` (the entropy bonus, the rollout gap, a mixture of experts' router terms, the KL-to-reference
+    loss); metrics under `actor/` (and `rollout/` gaps)."""
     inputs = model_inputs(model, micro, share_prompts=share_prompts)
-    bonus = algorithm.entropy_coef > 0  # the entropy differentiable only then
     tap = router_tap(model)
     with tracing(tap) as trace:
         logprob, ent = response_logprobs(
-            model, inputs, temperature=temperature, entropy=True, entropy_grad=bonus
+            model, inputs, temperature=temperature, entropy=True, entropy_grad=algorithm.entropy_coef > 0
         )
     r = logprob.shape[1]  # (m, r) float32
     mask = micro["response_mask"][:, :r]  # (m, r)
     old = logprob.detach() if algorithm.on_policy else micro["old_logprobs"][:, :r]
-    extra: dict[str, Any] = {}
-    if algorithm.tis_cap is not None:  # truncated importance sampling: trainer vs rollout probabilities
-        extra["is_weights"], _ = is_weights(
-            old, micro["rollout_logprobs"][:, :r], mask, cap=algorithm.tis_cap
-        )
-    elif algorithm.correction_weights:
-        extra["is_weights"] = micro["is_weights"][:, :r]  # (m, r)
-    if generator is not None:  # clip_cov: new token draws every step, the same on a resume
-        extra["generator"] = generator
-    agg = {k: norms[k] for k in NORMS}  # the aggregation's global normalisers
+    agg = {k: norms[k] for k in NORMS}
+    share = (mask != 0).sum() / norms["num_tokens"]
+    step = MicroPass(micro, logprob, ent, old, mask, share, agg, norms, inputs, tap, trace)
     pg_loss, pg_metrics = algorithm.policy_loss_fn(
-        logprob, old, micro["advantages"][:, :r], mask, **extra, **agg
+        logprob, old, micro["advantages"][:, :r], mask, **_policy_extras(algorithm, step, generator), **agg
     )
     loss = pg_loss
-    if bonus:
-        loss = loss - algorithm.entropy_coef * aggregate(ent, mask, algorithm.loss_agg, **agg)
-    share = (mask != 0).sum() / norms["num_tokens"]  # this micro-batch's share of the mini-batch tokens
     metrics = {
         "actor/pg_loss": pg_loss.detach(),
         "actor/entropy": masked_sum(ent.detach(), mask) / norms["num_tokens"],
         "actor/shared_prompt_frac": share * float(inputs.gather is not None),  # tokens in packed forwards
     }
     metrics |= {f"actor/{k}": v.detach() * share for k, v in pg_metrics.items()}
-    if algorithm.on_policy and "rollout_logprobs" in micro:  # the engine's log-probs vs these, as logprob_gap
-        gap = logprob_gap(micro["rollout_logprobs"][:, :r], old, mask, num_tokens=norms["num_tokens"])
-        metrics |= {f"rollout/logprob_diff_{k}": v for k, v in gap.items()}
-    elif algorithm.bypass and norms.get("fresh") and "rollout_logprobs" in micro:  # no old pass measured it:
-        gap = logprob_gap(micro["rollout_logprobs"][:, :r], logprob.detach(), mask)  # the first update's
-        metrics["rollout/logprob_diff_max"] = gap["max"]  # forward does (a max: the later updates add none)
-    if tap is not None:  # a mixture of experts: its load-balancing loss and router metrics
-        aux, router_metrics = router_terms(tap, trace, inputs.token_kind, inputs.routes)
-        if algorithm.router_aux_coef > 0:
-            loss = loss + algorithm.router_aux_coef * aux * share
-        metrics |= {k: v.detach() * share for k, v in router_metrics.items()}
-    if algorithm.kl_loss_coef > 0:
-        kl = kl_estimate(logprob, micro["ref_logprobs"][:, :r], algorithm.kl_loss_kind)  # (m, r)
-        kl_loss = aggregate(kl, mask, algorithm.loss_agg, **agg)
-        loss = loss + algorithm.kl_loss_coef * kl_loss
-        metrics["actor/kl_loss"] = kl_loss.detach()
+    for term in LOSS_TERMS:
+        added, term_metrics = term(algorithm, step)
+        loss = loss if added is None else loss + added
+        metrics |= term_metrics
     return loss, metrics
+
+
+def _policy_extras(algorithm: Algorithm, step: MicroPass, generator: torch.Generator | None) -> dict[str, Any]:
+    """The policy loss's optional keywords: importance weights (truncated IS of trainer vs rollout, or the
+    correction step's), and clip_cov's generator (new token draws every step, the same on a resume)."""
+    extra: dict[str, Any] = {}
+    if algorithm.tis_cap is not None:
+        rollout = step.micro["rollout_logprobs"][:, : step.r]
+        extra["is_weights"], _ = is_weights(step.old, rollout, step.mask, cap=algorithm.tis_cap)
+    elif algorithm.correction_weights:
+        extra["is_weights"] = step.micro["is_weights"][:, : step.r]  # (m, r)
+    if generator is not None:
+        extra["generator"] = generator
+    return extra
+
+
+def _entropy_bonus(algorithm: Algorithm, step: MicroPass) -> tuple[Tensor | None, dict[str, Tensor]]:
+    """Minus the entropy coefficient times the aggregated entropy (None without a bonus)."""
+    if algorithm.entropy_coef <= 0:
+        return None, {}
+    return -(algorithm.entropy_coef * aggregate(step.entropy, step.mask, algorithm.loss_agg, **step.agg)), {}
+
+
+def _rollout_gap(algorithm: Algorithm, step: MicroPass) -> tuple[Tensor | None, dict[str, Tensor]]:
+    """No loss: the engine's log-probs against these, where no old-log-prob pass measured them (on-policy:
+    every micro-batch, as `logprob_gap`; bypassed: the first update's forward, a max)."""
+    if "rollout_logprobs" not in step.micro:  # a batch without the engine's log-probs (SFT rows, a user's)
+        return None, {}
+    rollout = step.micro["rollout_logprobs"][:, : step.r]
+    if algorithm.on_policy:
+        gap = logprob_gap(rollout, step.old, step.mask, num_tokens=step.norms["num_tokens"])
+        return None, {f"rollout/logprob_diff_{k}": v for k, v in gap.items()}
+    if algorithm.bypass and step.norms.get("fresh"):
+        return None, {"rollout/logprob_diff_max": logprob_gap(rollout, step.logprob.detach(), step.mask)["max"]}
+    return None, {}
+
+
+def _router(algorithm: Algorithm, step: MicroPass) -> tuple[Tensor | None, dict[str, Tensor]]:
+    """A mixture of experts' load-balancing loss (when its coefficient is set) and router metrics."""
+    if step.tap is None:
+        return None, {}
+    aux, router_metrics = router_terms(step.tap, step.trace, step.inputs.token_kind, step.inputs.routes)
+    metrics = {k: v.detach() * step.share for k, v in router_metrics.items()}
+    return (algorithm.router_aux_coef * aux * step.share if algorithm.router_aux_coef > 0 else None), metrics
+
+
+def _kl_loss(algorithm: Algorithm, step: MicroPass) -> tuple[Tensor | None, dict[str, Tensor]]:
+    """The KL-to-reference loss term (when its coefficient is set)."""
+    if algorithm.kl_loss_coef <= 0:
+        return None, {}
+    kl = kl_estimate(step.logprob, step.micro["ref_logprobs"][:, : step.r], algorithm.kl_loss_kind)  # (m, r)
+    kl_loss = aggregate(kl, step.mask, algorithm.loss_agg, **step.agg)
+    return algorithm.kl_loss_coef * kl_loss, {"actor/kl_loss": kl_loss.detach()}
+
+
+LOSS_TERMS = (_entropy_bonus, _rollout_gap, _router, _kl_loss)
+"""The terms after the policy loss, in the order they are added: each (algorithm, the micro-batch's pass) ->
+(what it adds to the loss, or None; its metrics). A new term is a new row."""
 
 
 def update_step(
