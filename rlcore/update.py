@@ -7,7 +7,7 @@
 
 `algorithm` is a `rlcore.algorithm.Algorithm` (the policy loss and its terms as bound callables);
 `run_updates` is the one update loop, shared with the critic (`rlcore.critic.critic_update`): each
-model's update is a micro-batch loss plugged into it.
+model's update is a micro-batch loss plugged into it (the actor's: `rlcore.actor_loss`).
 
 One call runs `ppo_epochs` passes over the batch; each pass splits it into mini-batches of
 `mini_batch_size` prompts (whole groups of consecutive rows with the same `uid`; the size is global,
@@ -46,22 +46,13 @@ from torch.distributed.tensor.experimental import implicit_replication
 from torch.optim import AdamW, Optimizer
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
+from rlcore.actor_loss import NORMS, actor_micro_loss, needed_fields  # noqa: F401  (NORMS: imported from here)
 from rlcore.algorithm import Algorithm, parameters
 from rlcore.batch import Batch, group_ids
 from rlcore.dist.fsdp import model_mesh, set_gradient_sync
 from rlcore.dist.reduce import all_reduce, mesh_size
-from rlcore.models.forward import (
-    SEQUENCE_FIELDS,
-    aligned_micro_batches,
-    model_fields,
-    model_inputs,
-    response_logprobs,
-)
-from rlcore.models.moe import router_tap, router_terms, tracing
-from rlcore.pure.corrections import is_weights, logprob_gap
-from rlcore.pure.kl import kl_estimate
-from rlcore.pure.losses import aggregate
-from rlcore.pure.masks import masked_sum
+from rlcore.models.forward import aligned_micro_batches
+from rlcore.models.moe import router_tap
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -206,9 +197,6 @@ MicroLoss = Callable[[nn.Module, Batch, dict[str, Any]], tuple[Tensor, dict[str,
 `norms` holds the mini-batch's global `num_tokens`, `num_seqs` (0-dim tensors) and `horizon` (`NORMS`), and
 `fresh`: whether this is the call's first update (the weights the old log-probs are of)."""
 
-NORMS = ("num_tokens", "num_seqs", "horizon")
-"""The keys of `norms` a loss aggregation takes (`rlcore.pure.losses.aggregate`'s normalisers)."""
-
 
 def _grad_norm(model: nn.Module, grad_clip: float) -> Tensor:
     """Global L2 norm of the gradients (DTensor shards included), clipping them to `grad_clip` if > 0.
@@ -352,161 +340,6 @@ def _finish_metrics(
 # -------------------------------------------------------------------------------------------- the actor
 
 
-def _needed_fields(model: nn.Module, batch: Batch, algorithm: Algorithm) -> tuple[str, ...]:
-    fields = [*SEQUENCE_FIELDS, "advantages"]
-    if not algorithm.on_policy:
-        fields.append("old_logprobs")
-    measured = (algorithm.on_policy or algorithm.bypass) and "rollout_logprobs" in batch
-    if algorithm.tis_cap is not None or measured:
-        fields.append(
-            "rollout_logprobs"
-        )  # tis_cap needs it; on-policy or bypassed, the rollout gap is measured here
-    if algorithm.kl_loss_coef > 0:
-        fields.append("ref_logprobs")
-    if algorithm.correction_weights:  # decoupled PPO: the correction step's weights for the behaviour gap
-        fields.append("is_weights")
-    fields.extend(k for k in model_fields(model, batch) if k not in fields)  # routes, images (forward.py)
-    why = {
-        "ref_logprobs": "--algo.use-kl-loss",
-        "rollout_logprobs": "--algo.tis-cap",
-        "old_logprobs": "an off-policy update (Algorithm.on_policy is False)",
-        "is_weights": "Algorithm.correction_weights (rlcore.steps.correction_step with an is_level)",
-    }
-    for key in fields:
-        if key not in batch:
-            reason = f" (needed by {why[key]})" if key in why else ""
-            raise ValueError(f"update_step: the batch has no field {key!r}{reason}")
-    return (*fields, "uid") if "uid" in batch else tuple(fields)
-
-
-@dataclasses.dataclass(frozen=True)
-class MicroPass:
-    """What one micro-batch's forward gave the loss terms: (m, r) tensors cut to the r response columns."""
-
-    micro: Batch
-    logprob: Tensor
-    """The policy's log-probs, with grad."""
-    entropy: Tensor
-    """Per-token entropies (with grad only when an entropy bonus trains on them)."""
-    old: Tensor
-    mask: Tensor
-    share: Tensor
-    """This micro-batch's share of the mini-batch's tokens."""
-    agg: dict[str, Any]
-    """The aggregation's global normalisers (`NORMS`)."""
-    norms: dict[str, Any]
-    inputs: Any
-    """The `ModelInputs` it ran (their token kinds and routes)."""
-    tap: Any
-    """A mixture of experts' router tap, or None."""
-    trace: Any
-    """What the tap traced during the forward."""
-
-    @property
-    def r(self) -> int:
-        return self.logprob.shape[1]
-
-
-def actor_micro_loss(
-    model: nn.Module,
-    micro: Batch,
-    norms: dict[str, Any],
-    *,
-    algorithm: Algorithm,
-    temperature: float,
-    share_prompts: bool = True,
-    generator: torch.Generator | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """The policy's micro-batch loss (a `MicroLoss` once the keywords are bound): the policy loss, then each
-    of `LOSS_TERMS` (the entropy bonus, the rollout gap, a mixture of experts' router terms, the KL-to-reference
-    loss); metrics under `actor/` (and `rollout/` gaps)."""
-    inputs = model_inputs(model, micro, share_prompts=share_prompts)
-    tap = router_tap(model)
-    with tracing(tap) as trace:
-        logprob, ent = response_logprobs(
-            model, inputs, temperature=temperature, entropy=True, entropy_grad=algorithm.entropy_coef > 0
-        )
-    r = logprob.shape[1]  # (m, r) float32
-    mask = micro["response_mask"][:, :r]  # (m, r)
-    old = logprob.detach() if algorithm.on_policy else micro["old_logprobs"][:, :r]
-    agg = {k: norms[k] for k in NORMS}
-    share = (mask != 0).sum() / norms["num_tokens"]
-    step = MicroPass(micro, logprob, ent, old, mask, share, agg, norms, inputs, tap, trace)
-    pg_loss, pg_metrics = algorithm.policy_loss_fn(
-        logprob, old, micro["advantages"][:, :r], mask, **_policy_extras(algorithm, step, generator), **agg
-    )
-    loss = pg_loss
-    metrics = {
-        "actor/pg_loss": pg_loss.detach(),
-        "actor/entropy": masked_sum(ent.detach(), mask) / norms["num_tokens"],
-        "actor/shared_prompt_frac": share * float(inputs.gather is not None),  # tokens in packed forwards
-    }
-    metrics |= {f"actor/{k}": v.detach() * share for k, v in pg_metrics.items()}
-    for term in LOSS_TERMS:
-        added, term_metrics = term(algorithm, step)
-        loss = loss if added is None else loss + added
-        metrics |= term_metrics
-    return loss, metrics
-
-
-def _policy_extras(algorithm: Algorithm, step: MicroPass, generator: torch.Generator | None) -> dict[str, Any]:
-    """The policy loss's optional keywords: importance weights (truncated IS of trainer vs rollout, or the
-    correction step's), and clip_cov's generator (new token draws every step, the same on a resume)."""
-    extra: dict[str, Any] = {}
-    if algorithm.tis_cap is not None:
-        rollout = step.micro["rollout_logprobs"][:, : step.r]
-        extra["is_weights"], _ = is_weights(step.old, rollout, step.mask, cap=algorithm.tis_cap)
-    elif algorithm.correction_weights:
-        extra["is_weights"] = step.micro["is_weights"][:, : step.r]  # (m, r)
-    if generator is not None:
-        extra["generator"] = generator
-    return extra
-
-
-def _entropy_bonus(algorithm: Algorithm, step: MicroPass) -> tuple[Tensor | None, dict[str, Tensor]]:
-    """Minus the entropy coefficient times the aggregated entropy (None without a bonus)."""
-    if algorithm.entropy_coef <= 0:
-        return None, {}
-    return -(algorithm.entropy_coef * aggregate(step.entropy, step.mask, algorithm.loss_agg, **step.agg)), {}
-
-
-def _rollout_gap(algorithm: Algorithm, step: MicroPass) -> tuple[Tensor | None, dict[str, Tensor]]:
-    """No loss: the engine's log-probs against these, where no old-log-prob pass measured them (on-policy:
-    every micro-batch, as `logprob_gap`; bypassed: the first update's forward, a max)."""
-    if "rollout_logprobs" not in step.micro:  # a batch without the engine's log-probs (SFT rows, a user's)
-        return None, {}
-    rollout = step.micro["rollout_logprobs"][:, : step.r]
-    if algorithm.on_policy:
-        gap = logprob_gap(rollout, step.old, step.mask, num_tokens=step.norms["num_tokens"])
-        return None, {f"rollout/logprob_diff_{k}": v for k, v in gap.items()}
-    if algorithm.bypass and step.norms.get("fresh"):
-        return None, {"rollout/logprob_diff_max": logprob_gap(rollout, step.logprob.detach(), step.mask)["max"]}
-    return None, {}
-
-
-def _router(algorithm: Algorithm, step: MicroPass) -> tuple[Tensor | None, dict[str, Tensor]]:
-    """A mixture of experts' load-balancing loss (when its coefficient is set) and router metrics."""
-    if step.tap is None:
-        return None, {}
-    aux, router_metrics = router_terms(step.tap, step.trace, step.inputs.token_kind, step.inputs.routes)
-    metrics = {k: v.detach() * step.share for k, v in router_metrics.items()}
-    return (algorithm.router_aux_coef * aux * step.share if algorithm.router_aux_coef > 0 else None), metrics
-
-
-def _kl_loss(algorithm: Algorithm, step: MicroPass) -> tuple[Tensor | None, dict[str, Tensor]]:
-    """The KL-to-reference loss term (when its coefficient is set)."""
-    if algorithm.kl_loss_coef <= 0:
-        return None, {}
-    kl = kl_estimate(step.logprob, step.micro["ref_logprobs"][:, : step.r], algorithm.kl_loss_kind)  # (m, r)
-    kl_loss = aggregate(kl, step.mask, algorithm.loss_agg, **step.agg)
-    return algorithm.kl_loss_coef * kl_loss, {"actor/kl_loss": kl_loss.detach()}
-
-
-LOSS_TERMS = (_entropy_bonus, _rollout_gap, _router, _kl_loss)
-"""The terms after the policy loss, in the order they are added: each (algorithm, the micro-batch's pass) ->
-(what it adds to the loss, or None; its metrics). A new term is a new row."""
-
-
 def update_step(
     state: ModelState,
     batch: Batch,
@@ -532,7 +365,7 @@ def update_step(
     averaged over the updates that stepped (NaN when none did); actor/grad_norm (before clipping),
     likewise; actor/lr of the last update; actor/bad_updates: updates skipped in this call.
     """
-    work = batch.select(*_needed_fields(state.model, batch, algorithm))
+    work = batch.select(*needed_fields(state.model, batch, algorithm))
     if algorithm.on_policy and (plan.ppo_epochs > 1 or plan.mini_batch_size is not None):
         raise ValueError(
             "update_step: an on-policy algorithm makes one update per step: ppo_epochs 1 and "
