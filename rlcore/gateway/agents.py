@@ -63,10 +63,15 @@ GIVEN = "agent_rewards"
 
 def load_agent(spec: str) -> Agent:
     """The agent function named by `spec` ('path/to/file.py:function'), checked to be `async def f(client,
-    row)`; a bad spec is an `EnvSpecError` (one line naming the flag and the fix)."""
+    row)`, or a `verifiers` environment's rollouts ('verifiers:<module>', `rlcore.gateway.verifiers_env`);
+    a bad spec is an `EnvSpecError` (one line naming the flag and the fix)."""
     missing = [m for m in ("fastapi", "uvicorn", "openai") if importlib.util.find_spec(m) is None]
     if missing:
         raise EnvSpecError(f"{AGENT_FLAG}: {', '.join(missing)} not installed; pip install -e '.[gateway]'")
+    if str(spec).startswith("verifiers:"):
+        from rlcore.gateway.verifiers_env import verifiers_agent
+
+        return verifiers_agent(spec[len("verifiers:") :])
     path_text, sep, name = str(spec).rpartition(":")
     if not sep or not path_text or not name.isidentifier():
         raise EnvSpecError(f"{AGENT_FLAG} {spec!r}: expected 'path/to/file.py:function', e.g. 'agent.py:run'")
@@ -148,9 +153,12 @@ class AgentEngine(Wrapping):
         self.gateway.force(sampling)
         try:
             outcomes = asyncio.run(self._run_all(prompts, sessions))
+            self.gateway.drain()  # what timed-out episodes still had queued is served before the rows
         finally:
             self.gateway.force(None)
-        return self._rows(prompts, sessions, outcomes, sampling.max_tokens)
+        rows = self._rows(prompts, sessions, outcomes, sampling.max_tokens)
+        self.gateway.discard(f"e{episode}-")  # and nothing of this call's episodes is kept past it
+        return rows
 
     async def _run_all(self, prompts: Batch, sessions: list[list[str]]) -> list[list[Outcome]]:
         import openai

@@ -77,6 +77,12 @@ class Batcher:
         self._queue.put(_Request(session, tuple(prompt_ids), forced(sampling, self.forced), future))
         return future
 
+    def discard(self, prefix: str) -> None:
+        """Forget every session whose name starts with `prefix` (calls no one will take)."""
+        with self._lock:
+            for session in [s for s in self._sessions if s.startswith(prefix)]:
+                del self._sessions[session]
+
     def take(self, session: str) -> list[Call]:
         """Remove and return the calls recorded under `session`, in the order they were sampled."""
         with self._lock:
@@ -87,6 +93,13 @@ class Batcher:
         with self._lock:
             return list(self._sessions)
 
+    def drain(self) -> None:
+        """Return once every request queued before this call has been served (a mark queued behind them is
+        reached: the worker serves what it gathered before it looks at the queue again)."""
+        mark: Future = Future()
+        self._queue.put(mark)
+        mark.result()
+
     def close(self) -> None:
         """Stop the worker after the requests already queued."""
         self._queue.put(_STOP)
@@ -95,7 +108,8 @@ class Batcher:
     def _run(self) -> None:
         while True:
             pending = self._gather()
-            requests = [r for r in pending if r is not _STOP]
+            marks = [r for r in pending if isinstance(r, Future)]
+            requests = [r for r in pending if r is not _STOP and not isinstance(r, Future)]
             groups: dict[SamplingParams, list[_Request]] = defaultdict(list)
             for request in requests:
                 if request.future.set_running_or_notify_cancel():
@@ -110,7 +124,9 @@ class Batcher:
                     for request in group:
                         if not request.future.done():
                             request.future.set_exception(e)
-            if len(requests) < len(pending):
+            for mark in marks:
+                mark.set_result(None)
+            if _STOP in pending:
                 return
 
     def _gather(self) -> list:
@@ -121,7 +137,8 @@ class Batcher:
             while not self._queue.empty():
                 pending.append(self._queue.get_nowait())
             left = deadline - time.monotonic()
-            if self.expected is None or len(pending) >= self.expected() or left <= 0 or _STOP in pending:
+            marked = any(r is _STOP or isinstance(r, Future) for r in pending)  # close / drain: no waiting
+            if self.expected is None or len(pending) >= self.expected() or left <= 0 or marked:
                 return pending
             try:
                 pending.append(self._queue.get(timeout=left))

@@ -271,6 +271,18 @@ class Gateway:
         `Batcher.linger_s` after the first; None: serve what is pending at once."""
         self._batcher.expected = count
 
+    def drain(self) -> None:
+        """Return once every request already queued is served (what timed-out episodes had in flight)."""
+        self._batcher.drain()
+
+    def sessions(self) -> list[str]:
+        """The sessions with recorded calls not yet taken."""
+        return self._batcher.sessions()
+
+    def discard(self, prefix: str) -> None:
+        """Forget the calls of every session whose name starts with `prefix`."""
+        self._batcher.discard(prefix)
+
     def take(self, session: str) -> list[Call]:
         """Remove and return the calls recorded under `session`."""
         return self._batcher.take(session)

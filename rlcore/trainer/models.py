@@ -202,8 +202,9 @@ def build_engine(cfg: Config, model: Any, tokenizer: Any, dist: Any) -> Any:
         elif cfg.model.lora_rank > 0 and not cfg.rollout.exact:  # the merged weights (exact: the adapters as trained)
             model = _load(cfg, dist).eval()  # (pushes merge W + scale B A into it; the trained module keeps
             # its adapters unmerged, so merging never rounds the base weights the optimizer sees)
+        # each rank its own stream for unseeded sampling (the gateway's): the same seed gave every rank the same noise
         engine = NativeEngine(
-            model, tokenizer, device=dist.device, generator_seed=cfg.trainer.seed, compile=cfg.rollout.compile,
+            model, tokenizer, device=dist.device, generator_seed=cfg.trainer.seed + dist.rank, compile=cfg.rollout.compile,
             record_routes=cfg.algo.router_replay != "off",
         )  # fmt: skip
     return engine

@@ -1,0 +1,1 @@
+"""`verifiers` environments for tests/gateway/test_verifiers.py (`--rollout.agent verifiers:<module>`)."""
