@@ -152,3 +152,20 @@ def test_the_engines_rows_are_the_recorded_calls_and_the_run_sets_the_sampling()
     p = out["input_ids"].shape[1]
     rescored = token_logprobs(logits[:, p - 1 : -1].float(), out["responses"])
     assert ((rescored - out["rollout_logprobs"]).abs() * mask).max() < 1e-5
+
+
+def test_the_two_tool_example_agent_learns_calc_through_the_endpoint(tmp_path):
+    """examples/openai_agent.py (the README's agent) on builtin:tiny-calc: tool use and reward rise in 3 steps
+    (measured: reward 0.25-0.32 at step 1, 0.81-0.83 at step 3; greedy validation 0.0 -> 1.0)."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "openai_agent.py"
+    args = ["grpo", *SMALL, "--data.train-files", "builtin:calc", "--data.val-files", "builtin:calc",
+            "--rollout.max-tokens", "64", "--trainer.steps", "3", "--data.batch-size", "8",
+            "--model.path", "builtin:tiny-calc", "--rollout.agent", f"{example}:run"]  # fmt: skip
+    ok(train(*args, out=tmp_path))
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    first, last = records[1], records[3]
+    assert last["train/reward_mean"] >= first["train/reward_mean"] + 0.2  # the calculator is learned
+    assert last["agent/turns_mean"] > first["agent/turns_mean"]  # by calling it more
+    assert all(r["rollout/logprob_diff_max"] < 1e-4 for r in records[1:])
+    assert records[3]["val/reward_mean"] > records[0]["val/reward_mean"]
