@@ -37,7 +37,6 @@ import itertools
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -45,7 +44,7 @@ import torch
 from rlcore.batch import Batch
 from rlcore.data.prompts import pad_token_id
 from rlcore.gateway.record import Call, Sample, sample, segments, to_batch
-from rlcore.rewards.custom import import_file
+from rlcore.rewards.custom import existing_file, import_file, split_spec
 from rlcore.rollout.base import RolloutEngine, SamplingParams, Wrapping
 from rlcore.rollout.env import EnvSpecError
 
@@ -72,13 +71,8 @@ def load_agent(spec: str) -> Agent:
         from rlcore.gateway.verifiers_env import verifiers_agent
 
         return verifiers_agent(spec[len("verifiers:") :])
-    path_text, sep, name = str(spec).rpartition(":")
-    if not sep or not path_text or not name.isidentifier():
-        raise EnvSpecError(f"{AGENT_FLAG} {spec!r}: expected 'path/to/file.py:function', e.g. 'agent.py:run'")
-    path = Path(path_text).expanduser().resolve()
-    if not path.is_file():
-        raise EnvSpecError(f"{AGENT_FLAG} {spec!r}: file {path} not found; give a path relative to the "
-                           "working directory or an absolute path")  # fmt: skip
+    path, name = split_spec(spec, flag=AGENT_FLAG, error=EnvSpecError, form="function", example="agent.py:run")
+    path = existing_file(path, spec, flag=AGENT_FLAG, error=EnvSpecError)
     fn = getattr(import_file(AGENT_FLAG, spec, path, EnvSpecError), name, None)
     if not inspect.iscoroutinefunction(fn):
         what = "nothing" if fn is None else f"a {type(fn).__name__}"
@@ -194,7 +188,7 @@ class AgentEngine(Wrapping):
         source: list[tuple[int, Outcome, bool]] = []  # (prompt row, outcome, a split's later segment)
         for i, (row_sessions, row_outcomes) in enumerate(zip(sessions, outcomes, strict=True)):
             for session, outcome in zip(row_sessions, row_outcomes, strict=True):
-                calls = self.gateway.take(session) or [_empty(prompts, i, self.tokenizer)]
+                calls = self.gateway.take(session) or [_empty(prompts, i)]
                 for k, segment in enumerate(segments(calls)):
                     samples.append(sample(segment))
                     source.append((i, outcome, k > 0))
@@ -212,7 +206,7 @@ class AgentEngine(Wrapping):
         )
 
 
-def _empty(prompts: Batch, i: int, tokenizer: Any) -> Call:
+def _empty(prompts: Batch, i: int) -> Call:
     """A session without a call: the row's own prompt and no response (it trains nothing)."""
     ids = prompts["input_ids"][i][prompts["attention_mask"][i] != 0].tolist()
     return Call(tuple(ids), (), (), "stop", 0)

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcore.gateway.agents import AGENT_FLAG, Agent
-from rlcore.rewards.custom import import_file
+from rlcore.rewards.custom import existing_file, import_file
 from rlcore.rollout.env import EnvSpecError
 
 PREFIX = "verifiers:"
@@ -102,10 +102,7 @@ def _module(spec: str, module_name: str) -> Any:
         raise EnvSpecError(f"{AGENT_FLAG} {spec!r}: name the environment: 'verifiers:<module>' or "
                            "'verifiers:path/to/env.py'")  # fmt: skip
     if module_name.endswith(".py"):
-        path = Path(module_name).expanduser().resolve()
-        if not path.is_file():
-            raise EnvSpecError(f"{AGENT_FLAG} {spec!r}: file {path} not found; give a path relative to the "
-                               "working directory or an absolute path")  # fmt: skip
+        path = existing_file(Path(module_name).expanduser().resolve(), spec, flag=AGENT_FLAG, error=EnvSpecError)
         return import_file(AGENT_FLAG, spec, path, EnvSpecError)
     name = _base_name(module_name)
     try:

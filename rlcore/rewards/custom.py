@@ -32,25 +32,27 @@ class RewardSpecError(ValueError):
     """A reward specification (custom file, unknown data_source) that cannot be used; one clear line."""
 
 
-def split_spec(spec: str) -> tuple[Path, str]:
-    """(absolute path, function name) of `path/to/file.py:function_name`."""
+def split_spec(spec: str, *, flag: str = FLAG, error: type[ValueError] = RewardSpecError,
+               form: str = "function_name", example: str = "my_reward.py:compute_score") -> tuple[Path, str]:  # fmt: skip
+    """(absolute path, name) of `path/to/file.py:<form>`; else `error`, one line naming `flag` and `example`."""
     path, sep, name = str(spec).rpartition(":")
     if not sep or not path or not name.isidentifier():
-        raise RewardSpecError(
-            f"{FLAG} {spec!r}: expected 'path/to/file.py:function_name', e.g. 'my_reward.py:compute_score'"
-        )
+        raise error(f"{flag} {spec!r}: expected 'path/to/file.py:{form}', e.g. '{example}'")
     return Path(path).expanduser().resolve(), name
+
+
+def existing_file(path: Path, spec: str, *, flag: str = FLAG, error: type[ValueError] = RewardSpecError) -> Path:
+    """`path` where it is a file; else `error`, one line naming `flag` and how to give the path."""
+    if not path.is_file():
+        raise error(f"{flag} {spec!r}: file {path} not found; give a path relative to the working directory "
+                    "or an absolute path")  # fmt: skip
+    return path
 
 
 def load_custom(spec: str) -> RewardFn:
     """The function named by `spec` ('path/to/file.py:function_name'), imported from the file."""
     path, name = split_spec(spec)
-    if not path.is_file():
-        raise RewardSpecError(
-            f"{FLAG} {spec!r}: file {path} not found; give a path relative to the working directory "
-            "or an absolute path"
-        )
-    module = import_file(FLAG, spec, path)
+    module = import_file(FLAG, spec, existing_file(path, spec))
     if not hasattr(module, name):
         defined = sorted(
             n

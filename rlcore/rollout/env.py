@@ -22,10 +22,9 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from rlcore.rewards.custom import import_file
+from rlcore.rewards.custom import existing_file, import_file, split_spec
 
 ENV_FLAG = "--rollout.env"
 
@@ -52,16 +51,8 @@ class EnvStep:
 
 def load_env(spec: str) -> type:
     """The environment class named by `spec` ('path/to/file.py:ClassName'), checked (see module doc)."""
-    path_text, sep, name = str(spec).rpartition(":")
-    if not sep or not path_text or not name.isidentifier():
-        raise EnvSpecError(
-            f"{ENV_FLAG} {spec!r}: expected 'path/to/file.py:ClassName', e.g. 'my_env.py:MyEnv'"
-        )
-    path = Path(path_text).expanduser().resolve()
-    if not path.is_file():
-        raise EnvSpecError(f"{ENV_FLAG} {spec!r}: file {path} not found; give a path relative to the working "
-                           "directory or an absolute path")  # fmt: skip
-    module = import_file(ENV_FLAG, spec, path, EnvSpecError)
+    path, name = split_spec(spec, flag=ENV_FLAG, error=EnvSpecError, form="ClassName", example="my_env.py:MyEnv")
+    module = import_file(ENV_FLAG, spec, existing_file(path, spec, flag=ENV_FLAG, error=EnvSpecError), EnvSpecError)
     classes = sorted(n for n, v in vars(module).items() if isinstance(v, type) and not n.startswith("_"))
     cls = getattr(module, name, None)
     if not isinstance(cls, type):
