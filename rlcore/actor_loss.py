@@ -72,9 +72,8 @@ class MicroPass:
     mask: Tensor
     share: Tensor
     """This micro-batch's share of the mini-batch's tokens."""
-    agg: dict[str, Any]
-    """The aggregation's global normalisers (`NORMS`)."""
     norms: dict[str, Any]
+    """The mini-batch's global counts (`MicroLoss`'s `norms`)."""
     inputs: Any
     """The `ModelInputs` it ran (their token kinds and routes)."""
     tap: Any
@@ -85,6 +84,11 @@ class MicroPass:
     @property
     def r(self) -> int:
         return self.logprob.shape[1]
+
+    @property
+    def agg(self) -> dict[str, Any]:
+        """The aggregation's global normalisers (the `NORMS` of `norms`)."""
+        return {k: self.norms[k] for k in NORMS}
 
 
 def actor_micro_loss(
@@ -109,11 +113,11 @@ def actor_micro_loss(
     r = logprob.shape[1]  # (m, r) float32
     mask = micro["response_mask"][:, :r]  # (m, r)
     old = logprob.detach() if algorithm.on_policy else micro["old_logprobs"][:, :r]
-    agg = {k: norms[k] for k in NORMS}
     share = (mask != 0).sum() / norms["num_tokens"]
-    step = MicroPass(micro, logprob, ent, old, mask, share, agg, norms, inputs, tap, trace)
+    step = MicroPass(micro, logprob, ent, old, mask, share, norms, inputs, tap, trace)
+    extra = _policy_extras(algorithm, step, generator)
     pg_loss, pg_metrics = algorithm.policy_loss_fn(
-        logprob, old, micro["advantages"][:, :r], mask, **_policy_extras(algorithm, step, generator), **agg
+        logprob, old, micro["advantages"][:, :r], mask, **extra, **step.agg
     )
     loss = pg_loss
     metrics = {

@@ -58,7 +58,8 @@ class Batcher:
     def __init__(self, engine: RolloutEngine, *, pad_id: int, version: int = 0) -> None:
         self.engine, self.pad_id = engine, pad_id
         self.version = version
-        """The policy version stamped on each call from now on (the trainer sets it after a weight push)."""
+        """The policy version stamped on each call from now on (its owner sets it after a weight push; the
+        trainer's agent engine drops these stamps and stamps its batches itself, as for every engine)."""
         self.forced: SamplingParams | None = None
         """The run's sampling, imposed on every request while set (`forced`); None: the requests' own."""
         self.expected: Callable[[], int] | None = None

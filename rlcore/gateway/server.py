@@ -189,9 +189,12 @@ def create_app(served: Served) -> FastAPI:
 
 
 def context_length(engine: RolloutEngine, tokenizer: Any) -> int:
-    """The model's context: its config's `max_position_embeddings`, else the tokenizer's `model_max_length`."""
+    """The model's context: its (text) config's `max_position_embeddings` (a vision-language model's is its
+    language model's, as `rlcore.trainer.model_checks.max_positions` reads it), else the tokenizer's
+    `model_max_length`."""
     config = getattr(engine.module, "config", None)
-    return int(getattr(config, "max_position_embeddings", None) or tokenizer.model_max_length)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return int(getattr(text, "max_position_embeddings", None) or tokenizer.model_max_length)
 
 
 class Gateway:
