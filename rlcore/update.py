@@ -198,7 +198,7 @@ MicroLoss = Callable[[nn.Module, Batch, dict[str, Any]], tuple[Tensor, dict[str,
 `fresh`: whether this is the call's first update (the weights the old log-probs are of)."""
 
 
-def _grad_norm(model: nn.Module, grad_clip: float) -> Tensor:
+def grad_norm(model: nn.Module, grad_clip: float) -> Tensor:
     """Global L2 norm of the gradients (DTensor shards included), clipping them to `grad_clip` if > 0.
 
     Under tensor parallelism the gradients live on different meshes (the split layers' 2-D DTensors,
@@ -256,8 +256,8 @@ def _one_update(
         total = total + loss.detach()
         _accumulate(sums, metrics)
     bad = all_reduce((~torch.isfinite(total)).to(torch.float32), mesh)  # any rank non-finite
-    grad_norm = _grad_norm(model, plan.grad_clip)
-    ok = bool((torch.isfinite(grad_norm) & (bad == 0)).item())  # the one host sync of the update
+    norm = grad_norm(model, plan.grad_clip)
+    ok = bool((torch.isfinite(norm) & (bad == 0)).item())  # the one host sync of the update
     if ok:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -265,7 +265,7 @@ def _one_update(
         warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
         state.scheduler.step()
     sums = {k: v.float().cpu() for k, v in sums.items()}
-    return ok, sums | {f"{prefix}/grad_norm": grad_norm.detach().float().cpu()}
+    return ok, sums | {f"{prefix}/grad_norm": norm.detach().float().cpu()}
 
 
 def run_updates(

@@ -399,8 +399,9 @@ def test_the_base_install_is_enough_for_the_quick_start(tmp_path):
     owners = md.packages_distributions()
     allowed = _base_requirements()
     ours = {"rlcore", "configs", "train", "__main__", "__mp_main__"}
-    soft = {"triton", "sentencepiece", "cloudpickle", "dill", "zstandard"}  # torch, transformers and urllib3 (zstd
-    # decoding) import them when present;
+    soft = {"triton", "sentencepiece", "cloudpickle", "dill", "zstandard", "h2", "hpack", "hyperframe"}  # torch,
+    # transformers, urllib3 (zstd decoding) and huggingface-hub's httpcore2 (HTTP/2, which the tinker extra
+    # installs) import them when present;
     # a fresh venv of `pip install torch==2.13.0 && pip install -e .` lacks them and ran the quick start (2026-12-06)
     imported = {
         dist.lower().replace("_", "-")

@@ -1,4 +1,4 @@
-"""Loss aggregation and the token-level policy-gradient losses (PPO clip, GSPO, CISPO, GPG, SAPO).
+"""Loss aggregation and the token-level policy-gradient losses (PPO clip, GSPO, CISPO, GPG, SAPO, DRO).
 
 Import these from `rlcore.pure.losses`, which re-exports them next to the sequence-level (GMPO) and
 covariance losses, the value and entropy losses and the `POLICY_LOSSES` table.
@@ -296,3 +296,32 @@ def sapo(
         "pg_clipfrac_lower": _zero(adv),
     }
     return loss, metrics
+
+
+def dro(
+    logprob: Tensor,
+    old_logprob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    agg: str = "token-mean",
+    beta: float = 0.05,
+    is_weights: Tensor | None = None,
+    num_tokens: Number | None = None,
+    num_seqs: Number | None = None,
+    horizon: Number | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Direct reward optimisation's per-token loss, as the Tinker API defines its `dro`: a policy gradient
+    held near the sampling policy by a quadratic penalty on the log-ratio (no clip).
+
+    Shapes: all tensors (b, t) -> 0-dim loss.
+    Formula: l = -(A logprob - beta / 2 (logprob - old_logprob)^2); `advantages` are the caller's (DRO's
+    "soft" ones). Metrics: ppo_kl. Paper: Richemond et al. 2024, arXiv:2405.19107.
+    """
+    check_agg(agg)
+    mask = response_mask
+    lp = _kept(logprob, mask)
+    log_ratio = lp - _kept(old_logprob, mask)  # (b, t)
+    pg_losses = _weighted(-(_kept(advantages, mask) * lp - 0.5 * beta * log_ratio.square()), is_weights, mask)
+    loss = aggregate(pg_losses, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs, horizon=horizon)
+    return loss, {"ppo_kl": masked_mean(-log_ratio, mask).detach()}

@@ -1,0 +1,83 @@
+"""Requests as futures, the way the Tinker SDK drives them: every operation is answered at once with a
+request id, and the SDK long-polls `/retrieve_future` for its result. A request the SDK sends again (a
+retry after a lost answer) carries the same idempotency key and gets the same request id: it never runs
+twice."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import threading
+import time
+from collections.abc import Hashable
+from typing import Any
+
+KEEP_S = 600.0
+"""How long a finished result stays retrievable after it finished (the SDK fetches it at once)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """A finished request: a protobuf body, a JSON body, or a failure ("user" or "server" category)."""
+
+    proto: bytes | None = None
+    json: dict[str, Any] | None = None
+    error: str | None = None
+    category: str = "user"
+
+
+class Futures:
+    """Request ids, their idempotency keys, and their results (thread-safe: the worker finishes them,
+    the HTTP handlers wait on them)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._keys: dict[Hashable, str] = {}
+        self._results: dict[str, tuple[Result, float]] = {}
+        self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+        self._open: set[str] = set()
+
+    def open(self, key: Hashable | None) -> tuple[str, bool]:
+        """(the request id of `key`, whether it is new); a repeated key returns the first id, not new."""
+        with self._lock:
+            if key is not None and key in self._keys:
+                return self._keys[key], False
+            request_id = f"req-{next(self._ids)}"
+            if key is not None:
+                self._keys[key] = request_id
+            self._open.add(request_id)
+            return request_id, True
+
+    def finish(self, request_id: str, result: Result) -> None:
+        with self._lock:
+            self._open.discard(request_id)
+            self._results[request_id] = (result, time.monotonic())
+            waiters = self._waiters.pop(request_id, [])
+            self._expire()
+        for loop, event in waiters:
+            loop.call_soon_threadsafe(event.set)
+
+    def known(self, request_id: str) -> bool:
+        with self._lock:
+            return request_id in self._open or request_id in self._results
+
+    async def wait(self, request_id: str, timeout: float) -> Result | None:
+        """The result, or None if it is not done within `timeout` seconds (the SDK then polls again)."""
+        event = asyncio.Event()
+        with self._lock:
+            if request_id in self._results:
+                return self._results[request_id][0]
+            self._waiters.setdefault(request_id, []).append((asyncio.get_running_loop(), event))
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except asyncio.TimeoutError:
+            return None
+        with self._lock:
+            return self._results[request_id][0]
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for request_id in [r for r, (_, t) in self._results.items() if now - t > KEEP_S]:
+            del self._results[request_id]

@@ -1,0 +1,244 @@
+"""One model trained through the Tinker API: the module (built as `train.py` builds its policy: LoRA or
+full, sharded under torchrun), its AdamW, its rollout engine, and its weight versions.
+
+Every rank of the world runs the same training operations in the same order (`rlcore.tinker.ops`):
+`forward_backward` splits the datums over the ranks (rank r takes datums r, r + world, ...), each rank
+runs the same number of micro-batches (a rank short of datums runs a zero-weighted one, since an FSDP
+forward is a collective), FSDP sums the gradients, and the per-datum log-probs and the loss sum are
+gathered on rank 0. Gradients accumulate over calls until `optim_step`, as in Tinker.
+
+The engine samples from its own copy of the weights (pushed by `save_weights_for_sampler`), so training
+can go on while a sampler of the saved version is used; `version` counts the optimizer steps applied
+and `engine_version` is the version the engine holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from configs import Config, ConfigError, ModelConfig, RolloutConfig, TrainerConfig
+from rlcore.data.prompts import pad_token_id
+from rlcore.dist.checkpoint import load_checkpoint, save_checkpoint
+from rlcore.tinker.errors import UserError
+from rlcore.tinker.losses import check_inputs, loss_of
+from rlcore.tinker.rows import datum_rows, right_aligned, row_inputs, row_logprobs
+from rlcore.tinker.wire import Datum
+from rlcore.update import build_optimizer, grad_norm
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ServeOptions:
+    """What the server builds every model with (its command-line flags)."""
+
+    workdir: Path
+    """Saved states, sampler weights and tokenizer directories."""
+    full_finetune: bool = False
+    """Train every parameter whatever LoRA rank a client asks for (rank 0 asks for it per model)."""
+    dtype: str = "float32"
+    """Parameter dtype."""
+    seed: int = 0
+    """Seed of random initialisation (built-in models, LoRA adapters) and of unseeded sampling."""
+    micro_batch_size: int = 64
+    """Datums per forward/backward pass on a rank."""
+    lora_alpha: float = 32.0
+    """LoRA scale numerator (the update is B A alpha / rank), as --model.lora-alpha."""
+
+
+def run_config(base_model: str, lora_rank: int, options: ServeOptions) -> Config:
+    """The rlcore Config a model of the server is built from (train.py's builders read it)."""
+    rank = 0 if options.full_finetune else lora_rank
+    return Config(model=ModelConfig(path=base_model, lora_rank=rank, dtype=options.dtype, lora_alpha=options.lora_alpha),
+                  rollout=RolloutConfig(engine="native"), trainer=TrainerConfig(seed=options.seed, device="auto"))  # fmt: skip
+
+
+def checked_name(name: str, what: str) -> str:
+    """`name` as a file name under the work directory, or a UserError."""
+    if not _NAME.match(name):
+        raise UserError(f"{what} name {name!r}: use letters, digits, '.', '_' and '-' (at most 128, no '/')")
+    return name
+
+
+class TrainedModel:
+    """One trained model and its engine (module docstring)."""
+
+    def __init__(self, model_id: str, base_model: str, lora_rank: int, options: ServeOptions, placement: Any) -> None:
+        from rlcore.models.fields import takes_images
+        from rlcore.trainer import models
+
+        if lora_rank < 0:
+            raise UserError(f"LoRA rank {lora_rank}: use a positive rank, or 0 for full fine-tuning")
+        self.model_id, self.base_model, self.options, self.placement = model_id, base_model, options, placement
+        self.cfg = run_config(base_model, lora_rank, options)
+        self.lora_rank = self.cfg.model.lora_rank
+        try:
+            self.tokenizer = models.tokenizer_of(self.cfg)
+            self.model = models.build_policy(self.cfg, placement)
+        except ConfigError as e:
+            raise UserError(f"base_model {base_model!r}: {str(e).removeprefix('--model.path: ')}") from None
+        if takes_images(self.model):
+            raise UserError(f"base_model {base_model!r} is a vision-language model; this server trains text models")
+        self.optimizer = build_optimizer(self.model, lr=0.0, betas=(0.9, 0.95), eps=1e-12)
+        self.engine = self._engine(models)
+        self.pad_id = pad_token_id(self.tokenizer)
+        self.vocab = int(self.model.get_input_embeddings().num_embeddings)
+        self.version = 0
+        self.engine_version: int | None = None
+
+    def _engine(self, models: Any) -> Any:
+        """The engine over its own copy of the weights (a LoRA or sharded policy's engine has one already)."""
+        from rlcore.dist.fsdp import model_mesh
+
+        shares = self.lora_rank > 0 or model_mesh(self.model) is not None
+        source = self.model if shares else models.build_engine_copy(self.cfg, self.placement.local)
+        return models.build_engine(self.cfg, source, self.tokenizer, self.placement.local)
+
+    @property
+    def device(self) -> torch.device:
+        return self.placement.local.device
+
+    # ------------------------------------------------------------------------------------ training
+
+    def forward_backward(
+        self, data: Sequence[Datum], loss_fn: str, config: Mapping[str, float], *, forward_only: bool
+    ) -> tuple[list[Tensor], dict[str, float]]:
+        """(each datum's log-probs of its targets (N,), {"loss:sum": ...}) on rank 0 (other ranks: an empty
+        list); the gradient of the loss sum is added to the parameters' unless `forward_only`."""
+        loss, cfg = loss_of(loss_fn, config)
+        for i, d in enumerate(data):
+            check_inputs(loss_fn, loss, d.inputs, len(d.tokens), f"datum {i}")
+            self._check_ids(d, i)
+        world, rank = self.placement.local.world_size, self.placement.local.rank
+        mine = list(range(rank, len(data), world))
+        per_rank, mb = math.ceil(len(data) / world), self.options.micro_batch_size
+        logprobs: dict[int, Tensor] = {}
+        total = torch.zeros((), dtype=torch.float64)
+        for k in range(math.ceil(per_rank / mb)):
+            idx = mine[k * mb : (k + 1) * mb]
+            value, rows = self._micro(data, idx or [0], loss, cfg, forward_only)
+            if idx:
+                total += value
+                logprobs.update(zip(idx, rows, strict=True))
+        return self._gathered(logprobs, total, len(data))
+
+    def _micro(self, data: Sequence[Datum], idx: list[int], loss: Any, cfg: Mapping[str, float],
+               forward_only: bool) -> tuple[Tensor, list[Tensor]]:  # fmt: skip
+        """One micro-batch: (its loss sum, its rows' log-probs); an empty share (`idx` standing in) counts 0."""
+        picked = [data[i] for i in idx]
+        inputs, mask = row_inputs([datum_rows(d.tokens, d.inputs["target_tokens"]) for d in picked], self.pad_id,
+                                  self.device)  # fmt: skip
+        lengths = [len(d.tokens) for d in picked]
+        with torch.set_grad_enabled(not forward_only):
+            lp = row_logprobs(self.model, inputs)  # (m, r)
+            named = {k: _left_padded([d.inputs[k] for d in picked], mask.shape[1], self.device)
+                     for k in picked[0].inputs if k != "target_tokens"}  # fmt: skip
+            value = loss.fn(lp, named, cfg, mask)
+            if not forward_only:
+                value.backward()
+        return value.detach().double().cpu(), [r.detach().cpu() for r in right_aligned(lp.detach(), lengths)]
+
+    def _check_ids(self, d: Datum, i: int) -> None:
+        ids = torch.cat([d.tokens, d.inputs["target_tokens"].long()])
+        if len(d.tokens) == 0:
+            raise UserError(f"datum {i}: an empty model input")
+        if int(ids.min()) < 0 or int(ids.max()) >= self.vocab:
+            raise UserError(f"datum {i}: token ids must lie in [0, {self.vocab}) for {self.base_model} "
+                            f"(got {int(ids.min())}..{int(ids.max())})")  # fmt: skip
+
+    def _gathered(self, logprobs: dict[int, Tensor], total: Tensor, n: int) -> tuple[list[Tensor], dict[str, float]]:
+        if self.placement.local.world_size == 1:
+            return [logprobs[i] for i in range(n)], {"loss:sum": float(total)}
+        parts: list[Any] = [None] * self.placement.local.world_size
+        dist.all_gather_object(parts, (logprobs, float(total)))
+        merged = {i: t for part, _ in parts for i, t in part.items()}
+        loss_sum = math.fsum(v for _, v in parts)
+        rows = [merged[i] for i in range(n)] if self.placement.local.rank == 0 else []
+        return rows, {"loss:sum": loss_sum}
+
+    def optim_step(self, adam: Mapping[str, float]) -> dict[str, float]:
+        """One AdamW step with the SDK's parameters, the gradients clipped to `grad_clip_norm` (0: off)
+        first; a non-finite gradient norm skips the step (counted in `skipped`). Gradients are cleared."""
+        for group in self.optimizer.param_groups:
+            group.update(lr=adam["learning_rate"], betas=(adam["beta1"], adam["beta2"]), eps=adam["eps"],
+                         weight_decay=adam["weight_decay"])  # fmt: skip
+        norm = grad_norm(self.model, adam["grad_clip_norm"])
+        ok = bool(torch.isfinite(norm))
+        if ok:
+            self.optimizer.step()
+            self.version += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": float(norm), "skipped": 0.0 if ok else 1.0}
+
+    # ------------------------------------------------------------------------------------ states
+
+    def state_dir(self, kind: str, name: str) -> Path:
+        return self.options.workdir / self.model_id / kind / checked_name(name, "checkpoint")
+
+    def save(self, kind: str, name: str) -> str:
+        """Save the trained weights, AdamW's state and the engine's sampling stream under `kind`/`name`
+        (every rank calls it); the tinker:// path that names it."""
+        extra = {"base_model": self.base_model, "lora_rank": self.lora_rank, "version": self.version}
+        tensors = {"engine_generator": self.engine.generator.get_state()}
+        save_checkpoint(self.state_dir(kind, name), 0, self.model, self.optimizer, extra=extra, tensors=tensors)
+        return f"tinker://{self.model_id}/{kind}/{name}"
+
+    def load(self, directory: Path, *, optimizer: bool) -> None:
+        """Load a state saved by `save` (every rank calls it); without `optimizer`, AdamW starts afresh."""
+        extra = state_extra(directory)
+        if (extra["base_model"], extra["lora_rank"]) != (self.base_model, self.lora_rank):
+            raise UserError(f"the state {directory.parent.name} is of {extra['base_model']} (LoRA rank "
+                            f"{extra['lora_rank']}), this model is {self.base_model} (rank {self.lora_rank})")  # fmt: skip
+        _, tensors = load_checkpoint(directory / "step_0", self.model, self.optimizer)
+        if not optimizer:
+            self.optimizer.state.clear()
+        if "engine_generator" in tensors:
+            self.engine.generator.set_state(tensors["engine_generator"])
+        self.version = int(extra["version"])
+        self.engine_version = None
+
+    def push(self) -> int:
+        """Copy the trained weights into the engine (every rank calls it); the version it now holds."""
+        from rlcore.trainer.algorithm import sync_bucket_bytes
+        from rlcore.trainer.weights import push_weights
+
+        if self.engine_version != self.version:
+            push_weights(self.model, self.engine, bucket_bytes=sync_bucket_bytes(self.cfg))
+            self.engine_version = self.version
+        return self.version
+
+    def write_tokenizer(self) -> str:
+        """A directory `AutoTokenizer.from_pretrained` loads offline (the SDK's `get_tokenizer`), written once."""
+        directory = self.options.workdir / "tokenizers" / re.sub(r"[^A-Za-z0-9._-]", "_", self.base_model)
+        if not (directory / "tokenizer_config.json").is_file():
+            self.tokenizer.save_pretrained(directory)
+        return str(directory.resolve())
+
+
+def state_extra(directory: Path) -> dict[str, Any]:
+    """The model facts saved with a state (base model, LoRA rank, version), or a UserError."""
+    import json
+
+    extra = directory / "step_0" / "extra.json"
+    if not extra.is_file():
+        raise UserError(f"no saved state at {directory.name!r} (save_state writes one; a server keeps them under "
+                        "its --workdir)")  # fmt: skip
+    return json.loads(extra.read_text())
+
+
+def _left_padded(values: Sequence[Tensor], width: int, device: torch.device) -> Tensor:
+    """(m, width) float32: each row's values right-aligned, 0 before them."""
+    out = torch.zeros(len(values), width, dtype=torch.float32)
+    for i, v in enumerate(values):
+        if len(v):
+            out[i, width - len(v) :] = v.float()
+    return out.to(device)

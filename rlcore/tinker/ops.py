@@ -1,0 +1,285 @@
+"""The server's operations as values, and the one worker that runs them.
+
+Rank 0 serves HTTP; its worker thread takes the operations in arrival order (the SDK sends a training
+client's requests in seq_id order, each after the last was accepted) and runs them one at a time. Under
+torchrun it first broadcasts each training operation, and every other rank runs the same one (`follow`),
+so FSDP's collectives meet. Sampling runs on rank 0 alone (its engine holds an unsharded copy). An idle
+worker broadcasts a no-op every `PING_S` seconds, so the other ranks' waits never reach the process group's
+timeout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from rlcore.tinker.errors import UserError
+from rlcore.tinker.futures import Futures, Result
+from rlcore.tinker.model import ServeOptions, TrainedModel, state_extra
+from rlcore.tinker.sampling import SampleOp, run_samples
+from rlcore.tinker.wire import ForwardBackward, encode_forward_backward
+
+log = logging.getLogger("rlcore.tinker")
+PING_S = 30.0
+LINGER_S = 0.01
+"""How long the worker waits for more sample requests before it starts a `generate` (they arrive together)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CreateModel:
+    model_id: str
+    base_model: str
+    lora_rank: int
+
+
+@dataclasses.dataclass(frozen=True)
+class FwdBwd:
+    request: ForwardBackward
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimStep:
+    model_id: str
+    adam: Mapping[str, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class SaveState:
+    model_id: str
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadState:
+    model_id: str
+    path: str
+    """tinker://<model>/weights/<name>"""
+    optimizer: bool
+    create: bool
+    """Create `model_id` from the state first (`create_training_client_from_state`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SaveForSampler:
+    model_id: str
+    sampler_id: str
+    name: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Ping:
+    """Keeps the other ranks' wait short of the process group's timeout."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Stop:
+    """Ends `follow` on every rank."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampler:
+    """A sampling session: the model and the weight version it samples with."""
+
+    model_id: str
+    version: int
+    path: str | None
+
+
+class Served:
+    """What every rank holds: the models by id (and, on rank 0, the sampling sessions)."""
+
+    def __init__(self, options: ServeOptions, placement: Any) -> None:
+        self.options, self.placement = options, placement
+        self.models: dict[str, TrainedModel] = {}
+        self.samplers: dict[str, Sampler] = {}
+        self.sampler_paths: dict[str, Sampler] = {}
+
+    def model(self, model_id: str) -> TrainedModel:
+        if model_id not in self.models:
+            raise UserError(f"unknown model_id {model_id!r}: create a training client first (this server has "
+                            f"{', '.join(self.models) or 'none'})")  # fmt: skip
+        return self.models[model_id]
+
+    def run(self, op: Any) -> Result | None:
+        """Run a training operation on this rank: its result (rank 0's is the one answered)."""
+        return _HANDLERS[type(op)](self, op)
+
+    def state_dir(self, path: str) -> Path:
+        parts = path.removeprefix("tinker://").split("/")
+        if not path.startswith("tinker://") or len(parts) != 3 or parts[1] not in ("weights", "sampler_weights"):
+            raise UserError(f"path {path!r}: expected tinker://<model_id>/weights/<name>, as save_state returns")
+        return self.options.workdir / parts[0] / parts[1] / parts[2]
+
+    def sample(self, ops: list[SampleOp]) -> list[bytes]:
+        """Rank 0: the requests of one sampler version, batched (`rlcore.tinker.sampling`)."""
+        sampler = self.samplers[ops[0].sampler_id]
+        model = self.model(sampler.model_id)
+        if model.engine_version != sampler.version:
+            raise UserError(f"sampler {ops[0].sampler_id} holds version {sampler.version} of {sampler.model_id}, whose "
+                            f"engine now holds version {model.engine_version}; save_weights_for_sampler again")  # fmt: skip
+        return run_samples(model.engine, model.pad_id, ops)
+
+
+def _create(s: Served, op: CreateModel) -> Result:
+    if op.model_id not in s.models:
+        s.models[op.model_id] = TrainedModel(op.model_id, op.base_model, op.lora_rank, s.options, s.placement)
+    return Result(json={"model_id": op.model_id, "type": "create_model"})
+
+
+def _fwdbwd(s: Served, op: FwdBwd) -> Result:
+    r = op.request
+    rows, metrics = s.model(r.model_id).forward_backward(r.data, r.loss_fn, r.config, forward_only=r.forward_only)
+    return Result(proto=encode_forward_backward([{"logprobs": lp} for lp in rows], metrics))
+
+
+def _optim(s: Served, op: OptimStep) -> Result:
+    return Result(json={"metrics": s.model(op.model_id).optim_step(op.adam), "type": "optim_step"})
+
+
+def _save(s: Served, op: SaveState) -> Result:
+    return Result(json={"path": s.model(op.model_id).save("weights", op.name), "type": "save_weights"})
+
+
+def _load(s: Served, op: LoadState) -> Result:
+    directory = s.state_dir(op.path)
+    if op.create and op.model_id not in s.models:
+        extra = state_extra(directory)
+        s.models[op.model_id] = TrainedModel(op.model_id, extra["base_model"], extra["lora_rank"], s.options,
+                                             s.placement)  # fmt: skip
+    s.model(op.model_id).load(directory, optimizer=op.optimizer)
+    return Result(json={"path": op.path, "model_id": op.model_id, "type": "load_weights"})
+
+
+def _for_sampler(s: Served, op: SaveForSampler) -> Result:
+    model = s.model(op.model_id)
+    version = model.push()
+    path = model.save("sampler_weights", op.name) if op.name is not None else None
+    sampler = Sampler(model_id=op.model_id, version=version, path=path)
+    s.samplers[op.sampler_id] = sampler
+    if path is not None:
+        s.sampler_paths[path] = sampler
+    return Result(json={"path": path, "sampling_session_id": op.sampler_id, "type": "save_weights_for_sampler"})
+
+
+def _nothing(s: Served, op: Any) -> None:
+    return None
+
+
+_HANDLERS: dict[type, Callable[[Served, Any], Result | None]] = {
+    CreateModel: _create, FwdBwd: _fwdbwd, OptimStep: _optim, SaveState: _save, LoadState: _load,
+    SaveForSampler: _for_sampler, Ping: _nothing, Stop: _nothing,
+}  # fmt: skip
+"""Each training operation's handler (every rank runs it)."""
+
+
+def _broadcast(op: Any) -> Any:
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        box = [op]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+    return op
+
+
+def _run_everywhere(served: Served, op: Any) -> Result | None:
+    return served.run(_broadcast(op))
+
+
+def follow(served: Served) -> None:
+    """Ranks other than 0: run every operation rank 0 broadcasts, until it stops."""
+    while True:
+        op = _broadcast(None)
+        if isinstance(op, Stop):
+            return
+        try:
+            served.run(op)
+        except UserError:
+            pass  # rank 0 raised the same error and answered it
+        except Exception:
+            log.error("rank operation failed:\n%s", traceback.format_exc())
+
+
+class Worker:
+    """Rank 0's one thread that runs every operation in arrival order (module docstring)."""
+
+    def __init__(self, served: Served, futures: Futures) -> None:
+        self.served, self.futures = served, futures
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="rlcore-tinker-worker", daemon=True)
+        self._thread.start()
+
+    def submit(self, request_id: str, op: Any) -> None:
+        self._queue.put((request_id, op))
+
+    def stop(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                item = self._queue.get(timeout=PING_S)
+            except queue.Empty:
+                _broadcast(Ping())
+                continue
+            if item is None:
+                _broadcast(Stop())
+                return
+            request_id, op = item
+            if isinstance(op, SampleOp):
+                self._samples([item, *self._more_samples()])
+            else:
+                self._finish(request_id, functools.partial(_run_everywhere, self.served, op))
+
+    def _more_samples(self) -> list[tuple[str, SampleOp]]:
+        """Sample requests queued right behind the first (the SDK sends a batch of them together)."""
+        more: list = []
+        deadline = time.monotonic() + LINGER_S
+        while True:
+            try:
+                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return more
+            if item is None or not isinstance(item[1], SampleOp):
+                self._queue.put(item)  # after the samples: a later operation stays later
+                return more
+            more.append(item)
+            deadline = time.monotonic() + LINGER_S
+
+    def _samples(self, items: list[tuple[str, SampleOp]]) -> None:
+        by_sampler: dict[str, list[tuple[str, SampleOp]]] = {}
+        for item in items:
+            by_sampler.setdefault(item[1].sampler_id, []).append(item)
+        for group in by_sampler.values():
+            ids = [request_id for request_id, _ in group]
+            try:
+                bodies = self.served.sample([op for _, op in group])
+            except Exception as e:
+                for request_id in ids:
+                    self.futures.finish(request_id, _failure(e))
+                continue
+            for request_id, body in zip(ids, bodies, strict=True):
+                self.futures.finish(request_id, Result(proto=body))
+
+    def _finish(self, request_id: str, run: Callable[[], Result | None]) -> None:
+        try:
+            result = run()
+        except Exception as e:
+            result = _failure(e)
+        self.futures.finish(request_id, result or Result(json={}))
+
+
+def _failure(e: Exception) -> Result:
+    if isinstance(e, UserError):
+        return Result(error=str(e), category="user")
+    log.error("request failed:\n%s", traceback.format_exc())
+    return Result(error=f"server error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", category="server")

@@ -1,0 +1,90 @@
+"""`sample` through rlcore's engine: the requests waiting together become as few `generate` calls as
+their options allow (requests with the same sampling options and no seed share one call; a seeded
+request runs alone, so its tokens depend on its seed only), and each gets its sequences, their log-probs
+and, when asked, its prompt's log-probs under the sampler's weights."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from rlcore.batch import Batch
+from rlcore.data.prompts import left_pad
+from rlcore.rollout.base import SamplingParams
+from rlcore.tinker.errors import UserError
+from rlcore.tinker.rows import prompt_row, right_aligned, row_inputs, row_logprobs
+from rlcore.tinker.wire import Sampled, encode_sample
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleOp:
+    """One `/asample` request."""
+
+    sampler_id: str
+    prompt: tuple[int, ...]
+    sampling: SamplingParams
+    """Its options, `n` = num_samples."""
+    prompt_logprobs: bool
+
+
+def sampling_params(params: dict[str, Any], n: int) -> SamplingParams:
+    """The SDK's SamplingParams (JSON) as rlcore's; a UserError for values the engine cannot take."""
+    stop = params.get("stop")
+    stop = [stop] if isinstance(stop, str) else list(stop or [])
+    if not all(isinstance(s, str) for s in stop) and not all(isinstance(s, int) for s in stop):
+        raise UserError("sampling_params.stop: give strings or token ids, not both")
+    max_tokens, top_k = params.get("max_tokens"), int(params.get("top_k", -1))
+    if max_tokens is None or int(max_tokens) < 1:
+        raise UserError("sampling_params.max_tokens: give a positive number of tokens to sample")
+    if n < 1:
+        raise UserError(f"num_samples {n}: ask for at least one sample")
+    strings = tuple(s for s in stop if isinstance(s, str))
+    return SamplingParams(n=n, max_tokens=int(max_tokens), temperature=float(params.get("temperature", 1.0)),
+                          top_p=float(params.get("top_p", 1.0)), top_k=max(top_k, 0),
+                          stop_token_ids=tuple(s for s in stop if isinstance(s, int)), stop_strings=strings,
+                          seed=params.get("seed"))  # fmt: skip
+
+
+def run_samples(engine: Any, pad_id: int, ops: Sequence[SampleOp]) -> list[bytes]:
+    """Each request's `SampleResponse` body, in order (see the module docstring for the batching)."""
+    groups: dict[Any, list[int]] = {}
+    for i, op in enumerate(ops):
+        key = ("seeded", i) if op.sampling.seed is not None else op.sampling
+        groups.setdefault(key, []).append(i)
+    sequences: dict[int, list[Sampled]] = {}
+    for members in groups.values():
+        outs = _generate(engine, pad_id, [ops[i].prompt for i in members], ops[members[0]].sampling)
+        sequences.update(zip(members, outs, strict=True))
+    return [encode_sample(sequences[i], _prompt_logprobs(engine, op.prompt) if op.prompt_logprobs else None)
+            for i, op in enumerate(ops)]  # fmt: skip
+
+
+def _generate(engine: Any, pad_id: int, prompts: list[tuple[int, ...]], sampling: SamplingParams) -> list[list[Sampled]]:
+    input_ids, attention_mask, position_ids = left_pad(prompts, pad_id)  # (b, p)
+    batch = Batch.from_dict({"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids})
+    out = engine.generate(batch, sampling)
+    n, rows = sampling.n, []
+    for i in range(len(prompts)):
+        seqs = []
+        for row in range(i * n, (i + 1) * n):
+            k = int(out["response_attention"][row].sum())
+            seqs.append(Sampled(tokens=out["responses"][row, :k].tolist(), logprobs=out["rollout_logprobs"][row, :k].tolist(),
+                                stop=out["finish_reason"][row] == "stop"))  # fmt: skip
+        rows.append(seqs)
+    return rows
+
+
+@torch.no_grad()
+def _prompt_logprobs(engine: Any, prompt: tuple[int, ...]) -> list[float]:
+    """The prompt's log-probs under the engine's weights: NaN at position 0, which nothing predicts."""
+    if len(prompt) < 2:
+        return [float("nan")] * len(prompt)
+    module = engine.module
+    if module is None:
+        raise UserError("prompt log-probs need the native engine (this engine holds its weights elsewhere)")
+    inputs, _ = row_inputs([prompt_row(prompt)], engine.pad_id, engine.device)
+    lp = right_aligned(row_logprobs(module, inputs), [len(prompt) - 1])[0]
+    return [float("nan"), *lp.tolist()]
