@@ -125,15 +125,16 @@ class TrainedModel:
         total = torch.zeros((), dtype=torch.float64)
         for k in range(math.ceil(per_rank / mb)):
             idx = mine[k * mb : (k + 1) * mb]
-            value, rows = self._micro(data, idx or [0], loss, cfg, forward_only)
+            value, rows = self._micro(data, idx or [0], loss, cfg, forward_only, counts=bool(idx))
             if idx:
                 total += value
                 logprobs.update(zip(idx, rows, strict=True))
         return self._gathered(logprobs, total, len(data))
 
     def _micro(self, data: Sequence[Datum], idx: list[int], loss: Any, cfg: Mapping[str, float],
-               forward_only: bool) -> tuple[Tensor, list[Tensor]]:  # fmt: skip
-        """One micro-batch: (its loss sum, its rows' log-probs); an empty share (`idx` standing in) counts 0."""
+               forward_only: bool, *, counts: bool) -> tuple[Tensor, list[Tensor]]:  # fmt: skip
+        """One micro-batch: (its loss sum, its rows' log-probs). One that does not count (a rank short of
+        datums runs datum 0 so its collectives meet the other ranks') adds nothing to the gradient."""
         picked = [data[i] for i in idx]
         inputs, mask = row_inputs([datum_rows(d.tokens, d.inputs["target_tokens"]) for d in picked], self.pad_id,
                                   self.device)  # fmt: skip
@@ -144,7 +145,7 @@ class TrainedModel:
                      for k in picked[0].inputs if k != "target_tokens"}  # fmt: skip
             value = loss.fn(lp, named, cfg, mask)
             if not forward_only:
-                value.backward()
+                (value if counts else value * 0.0).backward()
         return value.detach().double().cpu(), [r.detach().cpu() for r in right_aligned(lp.detach(), lengths)]
 
     def _check_ids(self, d: Datum, i: int) -> None:

@@ -151,7 +151,7 @@ def create_app(api: Api) -> FastAPI:
             rank = int((body.get("lora_config") or {}).get("rank", 0))
         except UserError as e:
             return api.failed(key, e)
-        model_id = f"m-{uuid.uuid4().hex[:12]}"
+        model_id = _model_id(body)
         return api.submit(key, CreateModel(model_id, base_model, rank), model_id=model_id)
 
     @app.post("/api/v1/get_info")
@@ -196,7 +196,7 @@ def create_app(api: Api) -> FastAPI:
             key = ("train", body["model_id"], body.get("seq_id"))
             return api.submit(key, LoadState(body["model_id"], body.get("path", ""), optimizer, create=False))
         key = ("model", body.get("session_id"), body.get("model_seq_id"))
-        model_id = f"m-{uuid.uuid4().hex[:12]}"
+        model_id = _model_id(body)
         return api.submit(key, LoadState(model_id, body.get("path", ""), optimizer, create=True), model_id=model_id)
 
     @app.post("/api/v1/save_weights_for_sampler")
@@ -253,6 +253,14 @@ def create_app(api: Api) -> FastAPI:
         return Response(content=json.dumps(result.json), media_type="application/json")
 
     return app
+
+
+def _model_id(body: dict) -> str:
+    """A new model's id as the SDK derives it (it names a model loaded from a state before the answer)."""
+    session, seq = body.get("session_id"), body.get("model_seq_id")
+    if session is None or seq is None:
+        return f"m-{uuid.uuid4().hex[:12]}"
+    return f"{session}:train:{int(seq)}"
 
 
 def _sampler(served: Served, sampler_id: Any) -> Sampler:
