@@ -2,7 +2,7 @@
 full, sharded under torchrun), its AdamW, its rollout engine, and its weight versions.
 
 Every rank of the world runs the same training operations in the same order (`rlcore.tinker.ops`):
-`forward_backward` splits the datums over the ranks (rank r takes datums r, r + world, ...), each rank
+`forward_backward` splits the datums over the ranks (each rank a consecutive share, so groups stay whole), each rank
 runs the same number of micro-batches (a rank short of datums runs a zero-weighted one, since an FSDP
 forward is a collective), FSDP sums the gradients, and the per-datum log-probs and the loss sum are
 gathered on rank 0. Gradients accumulate over calls until `optim_step`, as in Tinker.
@@ -30,11 +30,14 @@ from rlcore.data.prompts import pad_token_id
 from rlcore.dist.checkpoint import load_checkpoint, save_checkpoint
 from rlcore.tinker.errors import UserError
 from rlcore.tinker.losses import check_inputs, loss_of
-from rlcore.tinker.rows import datum_rows, right_aligned, row_inputs, row_logprobs
+from rlcore.tinker.rows import datum_rows, packed_inputs, right_aligned, row_inputs, row_logprobs, sequence_of
 from rlcore.tinker.wire import Datum
 from rlcore.update import build_optimizer, grad_norm
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+LOGITS_BYTES = 2**30
+"""The automatic micro-batch: at most this many bytes of fp32 logits (tokens x vocabulary x 4): 1 GiB is ~5K
+tokens of SmolLM2's 49K vocabulary, ~1.8K of Qwen2.5's 152K, the whole batch of a built-in model."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -49,8 +52,10 @@ class ServeOptions:
     """Parameter dtype."""
     seed: int = 0
     """Seed of random initialisation (built-in models, LoRA adapters) and of unseeded sampling."""
-    micro_batch_size: int = 64
-    """Datums per forward/backward pass on a rank."""
+    micro_batch_tokens: int = 0
+    """Tokens (datum lengths summed) per forward/backward pass on a rank; 0: as many as keep the micro-batch's
+    fp32 logits within LOGITS_BYTES (a small vocabulary: the whole share in one pass). A datum longer than
+    the budget runs alone."""
     lora_alpha: float = 32.0
     """LoRA scale numerator (the update is B A alpha / rank), as --model.lora-alpha."""
 
@@ -119,12 +124,11 @@ class TrainedModel:
             check_inputs(loss_fn, loss, d.inputs, len(d.tokens), f"datum {i}")
             self._check_ids(d, i)
         world, rank = self.placement.local.world_size, self.placement.local.rank
-        mine = list(range(rank, len(data), world))
-        per_rank, mb = math.ceil(len(data) / world), self.options.micro_batch_size
+        plans = micro_batches([len(d.tokens) for d in data], world, self._budget())
         logprobs: dict[int, Tensor] = {}
         total = torch.zeros((), dtype=torch.float64)
-        for k in range(math.ceil(per_rank / mb)):
-            idx = mine[k * mb : (k + 1) * mb]
+        for k in range(max(len(p) for p in plans)):  # every rank runs as many (FSDP's forward is a collective)
+            idx = plans[rank][k] if k < len(plans[rank]) else []
             value, rows = self._micro(data, idx or [0], loss, cfg, forward_only, counts=bool(idx))
             if idx:
                 total += value
@@ -136,8 +140,7 @@ class TrainedModel:
         """One micro-batch: (its loss sum, its rows' log-probs). One that does not count (a rank short of
         datums runs datum 0 so its collectives meet the other ranks') adds nothing to the gradient."""
         picked = [data[i] for i in idx]
-        inputs, mask = row_inputs([datum_rows(d.tokens, d.inputs["target_tokens"]) for d in picked], self.pad_id,
-                                  self.device)  # fmt: skip
+        inputs, mask = self._inputs(picked)
         lengths = [len(d.tokens) for d in picked]
         with torch.set_grad_enabled(not forward_only):
             lp = row_logprobs(self.model, inputs)  # (m, r)
@@ -147,6 +150,22 @@ class TrainedModel:
             if not forward_only:
                 (value if counts else value * 0.0).backward()
         return value.detach().double().cpu(), [r.detach().cpu() for r in right_aligned(lp.detach(), lengths)]
+
+    def _budget(self) -> int:
+        if self.options.micro_batch_tokens > 0:
+            return self.options.micro_batch_tokens
+        return max(1, LOGITS_BYTES // (4 * self.vocab))
+
+    def _inputs(self, picked: Sequence[Datum]) -> tuple[Any, Tensor]:
+        """A micro-batch's model inputs and mask: prompt-packed where its datums share prompts and packing pays
+        (`rlcore.tinker.rows`), else rows."""
+        seqs = [sequence_of(d.tokens, d.inputs["target_tokens"].long()) for d in picked]
+        if all(s is not None for s in seqs):
+            packed = packed_inputs(self.model, seqs, self.pad_id, self.device)
+            if packed is not None:
+                return packed
+        return row_inputs([datum_rows(d.tokens, d.inputs["target_tokens"].long()) for d in picked], self.pad_id,
+                          self.device)  # fmt: skip
 
     def _check_ids(self, d: Datum, i: int) -> None:
         ids = torch.cat([d.tokens, d.inputs["target_tokens"].long()])
@@ -223,6 +242,25 @@ class TrainedModel:
         if not (directory / "tokenizer_config.json").is_file():
             self.tokenizer.save_pretrained(directory)
         return str(directory.resolve())
+
+
+def micro_batches(lengths: Sequence[int], world: int, budget: int) -> list[list[list[int]]]:
+    """Each rank's micro-batches of datum indices: rank r takes the r-th consecutive share (so a prompt's
+    samples stay together), cut into runs of consecutive datums whose lengths sum to at most `budget` (a
+    longer datum alone). Every rank computes every rank's plan alike, from the lengths alone."""
+    per_rank = math.ceil(len(lengths) / world)
+    plans = []
+    for r in range(world):
+        runs: list[list[int]] = []
+        used = 0
+        for i in range(r * per_rank, min(len(lengths), (r + 1) * per_rank)):
+            if not runs or used + lengths[i] > budget:
+                runs.append([])
+                used = 0
+            runs[-1].append(i)
+            used += lengths[i]
+        plans.append(runs)
+    return plans
 
 
 def state_extra(directory: Path) -> dict[str, Any]:

@@ -35,8 +35,9 @@ class ServeArgs:
     """Parameter dtype of the trained models."""
     seed: int = 0
     """Seed of random initialisation (built-in models, LoRA adapters) and of unseeded sampling."""
-    micro_batch_size: int = 64
-    """Datums per forward/backward pass on a rank (gradients accumulate over them)."""
+    micro_batch_tokens: int = 0
+    """Tokens per forward/backward pass on a rank (gradients accumulate over the passes); 0: as many as keep
+    the pass's fp32 logits within 1 GiB (about 5K tokens of a 49K vocabulary)."""
     lora_alpha: float = 32.0
     """LoRA scale numerator: the update is B A alpha / rank."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -45,13 +46,13 @@ class ServeArgs:
 
 def _options(args: ServeArgs) -> ServeOptions:
     return ServeOptions(workdir=Path(args.workdir).resolve(), full_finetune=args.full_finetune, dtype=args.dtype,
-                        seed=args.seed, micro_batch_size=args.micro_batch_size, lora_alpha=args.lora_alpha)  # fmt: skip
+                        seed=args.seed, micro_batch_tokens=args.micro_batch_tokens, lora_alpha=args.lora_alpha)  # fmt: skip
 
 
 def serve(args: ServeArgs) -> int:
     """Run the server until it is stopped (every rank calls it); the exit code."""
-    if args.micro_batch_size < 1:
-        print("error: --micro-batch-size must be at least 1", file=sys.stderr)
+    if args.micro_batch_tokens < 0:
+        print("error: --micro-batch-tokens must be 0 (automatic) or a number of tokens", file=sys.stderr)
         return 2
     try:
         info = init_distributed(args.device)

@@ -43,7 +43,7 @@ POLL_S = 20.0
 CLIENT_CONFIG = {
     "pjwt_auth_enabled": False,
     "credential_default_source": "api_key",
-    "use_pyqwest_transport": False,
+    "use_pyqwest_transport": True,
     "parallel_fwdbwd_chunks": False,
     "proto_compress_fwdbwd": False,
     "sample_use_retrieve_futures": False,

@@ -20,12 +20,13 @@ READY = "serving the Tinker API at "
 
 
 @contextlib.contextmanager
-def running(workdir: Path, *flags: str, ranks: int = 1, timeout: float = 120) -> Iterator[str]:
-    """A server on a free port until the block ends; yields its base URL. Its output goes to workdir/server.log."""
+def running(workdir: Path, *flags: str, ranks: int = 1, timeout: float = 120, threads: int = 1) -> Iterator[str]:
+    """A server on a free port until the block ends, each rank with `threads` torch threads; yields its base
+    URL. Its output goes to workdir/server.log."""
     serve = ["-m", "rlcore.tinker", "--port", "0", "--workdir", str(workdir), *flags]
     if ranks > 1:
         serve = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks), *serve]
-    env = dict(os.environ) | {"OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    env = dict(os.environ) | {"OMP_NUM_THREADS": str(threads), "TRANSFORMERS_VERBOSITY": "error"}
     workdir.mkdir(parents=True, exist_ok=True)
     log = open(workdir / "server.log", "a")  # noqa: SIM115 - closed below
     proc = subprocess.Popen([sys.executable, *serve], cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True,

@@ -30,7 +30,7 @@ def _train(url: str, rank: int, save: bool) -> tuple[list[dict], torch.Tensor, s
 
 @pytest.mark.parametrize("rank", [0, 8], ids=["full", "lora"])
 def test_two_gloo_ranks_train_as_one_process_does(tmp_path, rank):
-    flags = ("--micro-batch-size", "4")  # 9 datums: rank 0 runs 4 + 1, rank 1 runs 4 + a zero-weighted one
+    flags = ("--micro-batch-tokens", "1")  # a datum a pass: of 9, rank 0 runs 5, rank 1 runs 4 and a zero-weighted one
     with running(tmp_path / "one", *flags) as url:
         one, one_probe, _ = _train(url, rank, save=False)
     with running(tmp_path / "two", *flags, ranks=2) as url:
