@@ -9,8 +9,9 @@ optim_step, save_weights_and_get_sampling_client every step); side B is `python 
 model, prompts x samples, max tokens and learning rate (GRPO, one update per step). Each side runs as its own
 process(es) with the machine's threads; A and B alternate, `--repeats` pairs. A step's seconds exclude the
 first step (warm-up) and validation. Each line gives the median s/step, the ratio A / B (the goal: <= 1.3)
-and the floor: 8 x parameters x the tokens of a step (2 to sample them, 6 to train on them) over the fp32
-matmul peak measured in the same run, with the % of it each side reached.
+and the floor: 8 x parameters x the tokens of a step, each prompt counted once for its samples (2 to sample
+them, 6 to train on them), over the fp32 matmul peak measured in the same run, with the % of it each side
+reached.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def compare(work: dict, steps: int, repeats: int, peak: float) -> None:
     tokenizer = load_tokenizer(work["model"])
     rows = generate_rows("reverse", "train", work["prompts"])
     prompt = statistics.mean(len(tokenizer.encode(render_prompt(tokenizer, r["prompt"])[0], add_special_tokens=False)) for r in rows)
-    tokens = work["prompts"] * work["group"] * (prompt + statistics.mean(lengths))
+    tokens = work["prompts"] * (prompt + work["group"] * statistics.mean(lengths))  # each prompt once
     floor = 8 * params * tokens / peak
     print(f"\n### {work['model']} ({params / 1e6:.1f}M parameters, full fine-tuning): {work['prompts']} prompts x "
           f"{work['group']} samples, <= {work['max_tokens']} tokens, {steps} steps, {repeats} pairs")  # fmt: skip
