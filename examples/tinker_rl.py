@@ -52,7 +52,13 @@ def datums(tokenizer, row, prompt, seqs):
 def main(steps=30, *, base_model="builtin:tiny-reverse", rank=0, prompts=32, group=8, max_tokens=12, lr=1e-3,
          val_rows=128):  # fmt: skip
     """Train; returns the greedy validation score before and after, and each step's seconds."""
-    training = tinker.ServiceClient().create_lora_training_client(base_model=base_model, rank=rank).result()
+    with tinker.ServiceClient() as service:  # closed at the end: its session finished, its heartbeats stopped
+        return train(service, steps, base_model=base_model, rank=rank, prompts=prompts, group=group,
+                     max_tokens=max_tokens, lr=lr, val_rows=val_rows)  # fmt: skip
+
+
+def train(service, steps, *, base_model, rank, prompts, group, max_tokens, lr, val_rows):
+    training = service.create_lora_training_client(base_model=base_model, rank=rank).result()
     tokenizer = training.get_tokenizer()
     train, val = generate_rows("reverse", "train", steps * prompts), generate_rows("reverse", "val", val_rows)
     params = types.SamplingParams(max_tokens=max_tokens, temperature=1.0)

@@ -88,25 +88,38 @@ class TrainedModel:
         self.lora_rank = self.cfg.model.lora_rank
         try:
             self.tokenizer = models.tokenizer_of(self.cfg)
-            self.model = models.build_policy(self.cfg, placement)
+            self.model = models.build_policy(self.cfg, placement) if placement.trains else None
+            self.engine, self.relay = self._engine(models) if placement.generates else (None, None)
         except ConfigError as e:
             raise UserError(f"base_model {base_model!r}: {str(e).removeprefix('--model.path: ')}") from None
-        if takes_images(self.model):
+        module = self.model if self.model is not None else self.engine.module
+        if takes_images(module):
             raise UserError(f"base_model {base_model!r} is a vision-language model; this server trains text models")
-        self.optimizer = build_optimizer(self.model, lr=0.0, betas=(0.9, 0.95), eps=1e-12)
-        self.engine = self._engine(models)
+        self.optimizer = build_optimizer(self.model, lr=0.0, betas=(0.9, 0.95), eps=1e-12) if self.model else None
         self.pad_id = pad_token_id(self.tokenizer)
-        self.vocab = int(self.model.get_input_embeddings().num_embeddings)
+        self.vocab = int(module.get_input_embeddings().num_embeddings)
+        self.arch = type(module).__name__
         self.version = 0
         self.engine_version: int | None = None
 
-    def _engine(self, models: Any) -> Any:
-        """The engine over its own copy of the weights (a LoRA or sharded policy's engine has one already)."""
+    def _engine(self, models: Any) -> tuple[Any, Any]:
+        """(the engine over its own copy of the weights, and on a rollout rank of a LoRA policy the copy's
+        relay for pushed adapters); a LoRA or sharded policy's engine has its own copy already."""
         from rlcore.dist.fsdp import model_mesh
+        from rlcore.trainer.weights import AdapterRelay
 
+        if self.placement.role == "rollout":  # split: the copy the pushes land in
+            copy = models.build_engine_copy(self.cfg, self.placement.local)
+            relay = AdapterRelay(copy, bucket_bytes=self._bucket()) if self.lora_rank > 0 else None
+            return models.build_engine(self.cfg, copy, self.tokenizer, self.placement.local), relay
         shares = self.lora_rank > 0 or model_mesh(self.model) is not None
         source = self.model if shares else models.build_engine_copy(self.cfg, self.placement.local)
-        return models.build_engine(self.cfg, source, self.tokenizer, self.placement.local)
+        return models.build_engine(self.cfg, source, self.tokenizer, self.placement.local), None
+
+    def _bucket(self) -> int:
+        from rlcore.trainer.algorithm import sync_bucket_bytes
+
+        return sync_bucket_bytes(self.cfg)
 
     @property
     def device(self) -> torch.device:
@@ -179,7 +192,7 @@ class TrainedModel:
         if self.placement.local.world_size == 1:
             return [logprobs[i] for i in range(n)], {"loss:sum": float(total)}
         parts: list[Any] = [None] * self.placement.local.world_size
-        dist.all_gather_object(parts, (logprobs, float(total)))
+        dist.all_gather_object(parts, (logprobs, float(total)), group=self.placement.trainers)  # None: the world
         merged = {i: t for part, _ in parts for i, t in part.items()}
         loss_sum = math.fsum(v for _, v in parts)
         rows = [merged[i] for i in range(n)] if self.placement.local.rank == 0 else []
@@ -206,10 +219,12 @@ class TrainedModel:
 
     def save(self, kind: str, name: str) -> str:
         """Save the trained weights, AdamW's state and the engine's sampling stream under `kind`/`name`
-        (every rank calls it); the tinker:// path that names it."""
+        (every rank calls it; under split placement the trainer ranks write the model, rank 0 the stream);
+        the tinker:// path that names it."""
         extra = {"base_model": self.base_model, "lora_rank": self.lora_rank, "version": self.version}
-        tensors = {"engine_generator": self.engine.generator.get_state()}
-        save_checkpoint(self.state_dir(kind, name), 0, self.model, self.optimizer, extra=extra, tensors=tensors)
+        tensors = {"engine_generator": self.engine.generator.get_state()} if self.engine is not None else None
+        save_checkpoint(self.state_dir(kind, name), 0, self.model, self.optimizer, extra=extra, tensors=tensors,
+                        dcp_group=self.placement.trainers)  # fmt: skip
         return f"tinker://{self.model_id}/{kind}/{name}"
 
     def load(self, directory: Path, *, optimizer: bool) -> None:
@@ -218,22 +233,31 @@ class TrainedModel:
         if (extra["base_model"], extra["lora_rank"]) != (self.base_model, self.lora_rank):
             raise UserError(f"the state {directory.parent.name} is of {extra['base_model']} (LoRA rank "
                             f"{extra['lora_rank']}), this model is {self.base_model} (rank {self.lora_rank})")  # fmt: skip
-        _, tensors = load_checkpoint(directory / "step_0", self.model, self.optimizer)
-        if not optimizer:
+        _, tensors = load_checkpoint(directory / "step_0", self.model, self.optimizer, dcp_group=self.placement.trainers)
+        if not optimizer and self.optimizer is not None:
             self.optimizer.state.clear()
-        if "engine_generator" in tensors:
+        if "engine_generator" in tensors and self.engine is not None:
             self.engine.generator.set_state(tensors["engine_generator"])
         self.version = int(extra["version"])
         self.engine_version = None
 
     def push(self) -> int:
-        """Copy the trained weights into the engine (every rank calls it); the version it now holds."""
-        from rlcore.trainer.algorithm import sync_bucket_bytes
-        from rlcore.trainer.weights import push_weights
+        """Copy the trained weights into the engine (every rank calls it; split: from the trainer ranks to
+        the rollout ranks, `rlcore.tinker.split`); the version it now holds."""
+        from rlcore.tinker import split
 
-        if self.engine_version != self.version:
-            push_weights(self.model, self.engine, bucket_bytes=sync_bucket_bytes(self.cfg))
-            self.engine_version = self.version
+        changed = self.engine_version != self.version
+        if self.placement.role == "rollout":
+            self.version = self.engine_version = split.receive_push(self.engine, self.relay, self.placement)
+            return self.version
+        if self.placement.role == "trainer":
+            split.push_to_rollouts(self.model, self.placement, version=self.version, changed=changed,
+                                   bucket_bytes=self._bucket())  # fmt: skip
+        elif changed:
+            from rlcore.trainer.weights import push_weights
+
+            push_weights(self.model, self.engine, bucket_bytes=self._bucket())
+        self.engine_version = self.version
         return self.version
 
     def write_tokenizer(self) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from rlcore.tinker import split
 from rlcore.tinker.errors import UserError
 from rlcore.tinker.futures import Futures, Result
 from rlcore.tinker.model import ServeOptions, TrainedModel, state_extra
@@ -111,8 +112,20 @@ class Served:
         return self.models[model_id]
 
     def run(self, op: Any) -> Result | None:
-        """Run a training operation on this rank: its result (rank 0's is the one answered)."""
-        return _HANDLERS[type(op)](self, op)
+        """Run a training operation on this rank: its result (rank 0's is the one answered). Under split
+        placement an operation on the trained model alone runs on the trainer ranks, and the trainer leader
+        hands its result (or its failure) to rank 0 (`rlcore.tinker.split`)."""
+        handler = _HANDLERS[type(op)]
+        if not self.placement.split or not isinstance(op, _TRAINERS_ONLY):
+            return handler(self, op)
+        if not self.placement.trains:
+            return split.receive_result(self.placement) if dist.get_rank() == 0 else None
+        try:
+            result = handler(self, op)
+        except Exception as e:
+            result = _failure(e)
+        split.send_result(result, self.placement)
+        return result
 
     def state_dir(self, path: str) -> Path:
         parts = path.removeprefix("tinker://").split("/")
@@ -180,6 +193,10 @@ _HANDLERS: dict[type, Callable[[Served, Any], Result | None]] = {
     SaveForSampler: _for_sampler, Ping: _nothing, Stop: _nothing,
 }  # fmt: skip
 """Each training operation's handler (every rank runs it)."""
+
+
+_TRAINERS_ONLY = (FwdBwd, OptimStep)
+"""Under split placement: the operations only the trainer ranks run."""
 
 
 def _broadcast(op: Any) -> Any:

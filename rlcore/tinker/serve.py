@@ -42,6 +42,9 @@ class ServeArgs:
     """LoRA scale numerator: the update is B A alpha / rank."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto: cuda:<local rank> where CUDA is available, else cpu."""
+    rollout_ranks: int = 0
+    """Split placement under torchrun: ranks 0..N-1 hold the engine (rank 0 samples), the others train; 0:
+    colocated (every rank trains, rank 0 samples)."""
 
 
 def _options(args: ServeArgs) -> ServeOptions:
@@ -59,7 +62,13 @@ def serve(args: ServeArgs) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    served = Served(_options(args), place(info))
+    try:
+        placement = place(info, split=args.rollout_ranks > 0, rollout_ranks=max(args.rollout_ranks, 1))
+    except ValueError as e:
+        print(f"error: --rollout-ranks {args.rollout_ranks}: {e}", file=sys.stderr)
+        close_distributed()
+        return 2
+    served = Served(_options(args), placement)
     try:
         if info.rank != 0:
             follow(served)

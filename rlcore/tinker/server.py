@@ -158,8 +158,7 @@ def create_app(api: Api) -> FastAPI:
     async def get_info(request: Request) -> dict:
         (model_id,) = _need(await request.json(), "model_id")
         model = served.model(model_id)
-        data = {"model_name": model.base_model, "tokenizer_id": model.write_tokenizer(),
-                "arch": type(model.model).__name__}  # fmt: skip
+        data = {"model_name": model.base_model, "tokenizer_id": model.write_tokenizer(), "arch": model.arch}
         return {"model_id": model_id, "model_data": data, "is_lora": model.lora_rank > 0,
                 "lora_rank": model.lora_rank, "type": "get_info"}  # fmt: skip
 

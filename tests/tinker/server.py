@@ -33,10 +33,14 @@ def running(workdir: Path, *flags: str, ranks: int = 1, timeout: float = 120, th
                             env=env, start_new_session=True)  # fmt: skip
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    url = None
     try:
         url = _ready(lines, proc, timeout, workdir)
         yield url
     finally:
+        for made in _CLIENTS.pop(url, []):  # finish their sessions: no heartbeats to a stopped server
+            with contextlib.suppress(Exception):
+                made.close("success").result(timeout=10)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -59,5 +63,19 @@ def _ready(lines: queue.Queue, proc: subprocess.Popen, timeout: float, workdir: 
             raise AssertionError(f"the server exited: {(workdir / 'server.log').read_text()[-3000:]}")
 
 
+_CLIENTS: dict[str | None, list] = {}
+
+
 def client(url: str) -> tinker.ServiceClient:
-    return tinker.ServiceClient(base_url=url, api_key="tml-rlcore-tests")
+    """A ServiceClient of the server at `url`, closed when the server stops."""
+    made = tinker.ServiceClient(base_url=url, api_key="tml-rlcore-tests")
+    _CLIENTS.setdefault(url, []).append(made)
+    return made
+
+
+class Recorded(tinker.ServiceClient):
+    """tinker.ServiceClient for code that makes its own (the README's loop): closed with the server."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        _CLIENTS.setdefault(kwargs.get("base_url") or os.environ.get("TINKER_BASE_URL"), []).append(self)

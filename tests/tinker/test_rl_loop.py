@@ -11,7 +11,7 @@ import re
 from rlcore.data.tasks import generate_rows
 from rlcore.trainer.logger import read_metrics
 from tests.smoke.test_train import ok, train
-from tests.tinker.server import ROOT, running
+from tests.tinker.server import ROOT, Recorded, running
 
 
 def readme_loop() -> str:
@@ -31,8 +31,9 @@ def test_the_readme_loop_learns_the_default_task_as_train_py_does(tmp_path, monk
     with running(tmp_path / "server") as url:
         monkeypatch.setenv("TINKER_BASE_URL", url)
         monkeypatch.setenv("TINKER_API_KEY", "tml-rlcore-tests")
+        monkeypatch.setattr("tinker.ServiceClient", Recorded)  # closed with the server
         names: dict = {}
-        exec(compile(readme_loop(), "README.md", "exec"), names)  # noqa: S102 - the README's own code
+        exec(compile(readme_loop(), "README.md", "exec"), names)
         sampler = names["training"].save_weights_and_get_sampling_client().result()
         after = loop.validate(sampler, names["tokenizer"], generate_rows("reverse", "val", 128), 12)
         before, _, seconds = loop.main(2, val_rows=128)  # the example: a fresh model, 2 steps

@@ -8,7 +8,14 @@ import torch
 
 from rlcore.models.policy import load_model
 from rlcore.tinker.model import micro_batches
-from rlcore.tinker.rows import datum_rows, packed_inputs, row_inputs, row_logprobs, sequence_of, shared_prefixes
+from rlcore.tinker.rows import (
+    datum_rows,
+    packed_inputs,
+    row_inputs,
+    row_logprobs,
+    sequence_of,
+    shared_prefixes,
+)
 
 
 def _groups(g: torch.Generator) -> list[torch.Tensor]:

@@ -49,3 +49,23 @@ def test_two_gloo_ranks_train_as_one_process_does(tmp_path, rank):
 def _initial_probe(workdir) -> torch.Tensor:
     with running(workdir) as url:
         return _probe(client(url).create_lora_training_client(base_model=BASE, rank=0).result(WAIT))
+
+
+@pytest.mark.parametrize("rank", [0, 8], ids=["full", "lora"])
+def test_split_placement_samples_on_rank_0_and_trains_on_the_others(tmp_path, rank):
+    """torchrun with 3 ranks and --rollout-ranks 1: rank 0 holds the engine and samples, ranks 1-2 train (FSDP2);
+    each save_weights_for_sampler pushes the weights from the trainer ranks to rank 0. The steps equal one
+    process's, and the state loads in one process."""
+    flags = ("--micro-batch-tokens", "1")
+    with running(tmp_path / "one", *flags) as url:
+        one, one_probe, _ = _train(url, rank, save=False)
+    with running(tmp_path / "split", *flags, "--rollout-ranks", "1", ranks=3) as url:
+        two, two_probe, path = _train(url, rank, save=True)
+    for a, b in zip(one, two, strict=True):
+        assert a["tokens"] == b["tokens"]  # the pushed weights sample as the colocated engine's
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-4)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
+    torch.testing.assert_close(two_probe, one_probe, rtol=0, atol=1e-5)
+    with running(tmp_path / "split") as url:
+        loaded = client(url).create_training_client_from_state_with_optimizer(path).result(WAIT)
+        assert torch.equal(_probe(loaded), two_probe)
