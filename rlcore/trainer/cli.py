@@ -82,7 +82,7 @@ def _tyro(args: list[str]) -> Config:
     )
 
 
-def condense(message: str) -> str:
+def condense(message: str, prog: str = "python train.py") -> str:
     """tyro's boxed error as one line: what is wrong, and the closest flag when it suggests one."""
     lines = [line.strip() for line in message.splitlines()]
     rules = [i for i, line in enumerate(lines) if line and set(line) == {"-"}]
@@ -92,4 +92,4 @@ def condense(message: str) -> str:
     if "Perhaps you meant:" in lines:
         hint = lines[lines.index("Perhaps you meant:") + 1].split()[0]
         text += f"; did you mean {hint}?"
-    return f"{text} (see python train.py --help)"
+    return f"{text} (see {prog} --help)"
