@@ -35,6 +35,7 @@ class Futures:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._keys: dict[Hashable, str] = {}
+        self._key_of: dict[str, Hashable] = {}
         self._results: dict[str, tuple[Result, float]] = {}
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
         self._open: set[str] = set()
@@ -47,6 +48,7 @@ class Futures:
             request_id = f"req-{next(self._ids)}"
             if key is not None:
                 self._keys[key] = request_id
+                self._key_of[request_id] = key
             self._open.add(request_id)
             return request_id, True
 
@@ -81,3 +83,4 @@ class Futures:
         now = time.monotonic()
         for request_id in [r for r, (_, t) in self._results.items() if now - t > KEEP_S]:
             del self._results[request_id]
+            self._keys.pop(self._key_of.pop(request_id, None), None)

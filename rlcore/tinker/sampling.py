@@ -14,6 +14,7 @@ import torch
 from rlcore.batch import Batch
 from rlcore.data.prompts import left_pad
 from rlcore.rollout.base import SamplingParams
+from rlcore.rollout.sampling import check_sampling
 from rlcore.tinker.errors import UserError
 from rlcore.tinker.rows import prompt_row, right_aligned, row_inputs, row_logprobs
 from rlcore.tinker.wire import Sampled, encode_sample
@@ -42,6 +43,11 @@ def sampling_params(params: dict[str, Any], n: int) -> SamplingParams:
     if n < 1:
         raise UserError(f"num_samples {n}: ask for at least one sample")
     strings = tuple(s for s in stop if isinstance(s, str))
+    try:
+        check_sampling(temperature=float(params.get("temperature", 1.0)), top_k=max(top_k, 0),
+                       top_p=float(params.get("top_p", 1.0)), min_p=0.0)  # fmt: skip
+    except ValueError as e:
+        raise UserError(str(e).replace("sampling.", "sampling_params.")) from None
     return SamplingParams(n=n, max_tokens=int(max_tokens), temperature=float(params.get("temperature", 1.0)),
                           top_p=float(params.get("top_p", 1.0)), top_k=max(top_k, 0),
                           stop_token_ids=tuple(s for s in stop if isinstance(s, int)), stop_strings=strings,

@@ -95,7 +95,10 @@ def _tokens(prompt: Any) -> tuple[int, ...]:
     for k, chunk in enumerate(chunks):
         if chunk.get("type", "encoded_text") != "encoded_text":
             raise UserError(f"prompt chunk {k} is {chunk.get('type')}; this server takes token chunks only")
-        ids.extend(int(t) for t in chunk.get("tokens", []))
+        try:
+            ids.extend(int(t) for t in chunk.get("tokens", []))
+        except (TypeError, ValueError):
+            raise UserError(f"prompt chunk {k}: tokens must be integers") from None
     if not ids:
         raise UserError("prompt: an empty prompt")
     return tuple(ids)
@@ -109,6 +112,10 @@ def create_app(api: Api) -> FastAPI:
     @app.exception_handler(UserError)
     async def _user_error(request: Request, exc: UserError) -> JSONResponse:
         return JSONResponse(status_code=400, content={"detail": str(exc)})
+
+    @app.exception_handler(json.JSONDecodeError)
+    async def _not_json(request: Request, exc: json.JSONDecodeError) -> JSONResponse:
+        return JSONResponse(status_code=400, content={"detail": f"{request.url.path}: the body is not JSON ({exc})"})
 
     @app.post("/api/v1/client/config")
     async def client_config() -> dict:
@@ -269,11 +276,14 @@ def _sampler(served: Served, sampler_id: Any) -> Sampler:
 
 
 def _sample_op(served: Served, body: dict, sampler_id: Any, n: int) -> SampleOp:
-    _sampler(served, sampler_id)
+    model = served.model(_sampler(served, sampler_id).model_id)
     asked = [k for k in _UNSERVED_SAMPLE if body.get(k) not in (None, 0, False)]
     if asked:
         raise UserError(f"sample: {', '.join(asked)} is not served here; ask for tokens, their log-probs and "
                         "prompt_logprobs")  # fmt: skip
     sampling: SamplingParams = sampling_params(body.get("sampling_params") or {}, n)
-    return SampleOp(sampler_id=sampler_id, prompt=_tokens(body.get("prompt")), sampling=sampling,
+    prompt = _tokens(body.get("prompt"))
+    if min(prompt) < 0 or max(prompt) >= model.vocab:
+        raise UserError(f"prompt token ids must lie in [0, {model.vocab}) for {model.base_model}")
+    return SampleOp(sampler_id=sampler_id, prompt=prompt, sampling=sampling,
                     prompt_logprobs=bool(body.get("prompt_logprobs")))  # fmt: skip

@@ -267,3 +267,28 @@ def test_a_client_killed_mid_session_leaves_the_server_serving_others(url):
     assert time.monotonic() - started < WAIT
     info = json.loads(httpx.get(f"{url}/api/v1/healthz", timeout=10).text)
     assert info == {"status": "ok"}
+
+
+def test_bad_sample_requests_fail_in_one_line_and_sampling_goes_on(url):
+    import tinker
+
+    training = client(url).create_lora_training_client(base_model=BASE, rank=0).result(WAIT)
+    old = training.save_weights_and_get_sampling_client().result(WAIT)
+    ok, short = types.ModelInput.from_ints([1, 5, 6, 7]), types.SamplingParams(max_tokens=2)
+    bad = [
+        (lambda: old.sample(types.ModelInput.from_ints([1, 99999]), 1, short), "prompt token ids must lie in [0, "),
+        (lambda: old.sample(ok, 1, types.SamplingParams(max_tokens=2, temperature=-1.0)),
+         "sampling_params.temperature=-1.0: must be >= 0 (0 is greedy)"),
+        (lambda: old.sample(ok, 1, short, topk_prompt_logprobs=2), "sample: topk_prompt_logprobs is not served here"),
+    ]  # fmt: skip
+    for call, message in bad:
+        with pytest.raises(tinker.RequestFailedError) as e:
+            call().result(WAIT)
+        assert message in str(e.value), str(e.value)
+    training.forward_backward(_ce(_datums(1, seed=7)), "cross_entropy").result(WAIT)
+    training.optim_step(types.AdamParams(learning_rate=1e-2)).result(WAIT)
+    new = training.save_weights_and_get_sampling_client().result(WAIT)
+    with pytest.raises(tinker.RequestFailedError) as e:
+        old.sample(ok, 1, short).result(WAIT)  # the engine now holds the newer weights
+    assert "holds version 0" in str(e.value) and "save_weights_for_sampler again" in str(e.value)
+    assert len(new.sample(ok, 2, short).result(WAIT).sequences) == 2
