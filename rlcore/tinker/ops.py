@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import logging
 import queue
+import re
 import threading
 import time
 import traceback
@@ -26,7 +27,7 @@ import torch.distributed as dist
 from rlcore.tinker import split
 from rlcore.tinker.errors import UserError
 from rlcore.tinker.futures import Futures, Result
-from rlcore.tinker.model import ServeOptions, TrainedModel, state_extra
+from rlcore.tinker.model import ServeOptions, TrainedModel, checked_name, state_extra
 from rlcore.tinker.sampling import SampleOp, run_samples
 from rlcore.tinker.wire import ForwardBackward, encode_forward_backward
 
@@ -128,10 +129,13 @@ class Served:
         return result
 
     def state_dir(self, path: str) -> Path:
+        """The directory of a tinker:// path, under the work directory (nothing outside it is read)."""
         parts = path.removeprefix("tinker://").split("/")
         if not path.startswith("tinker://") or len(parts) != 3 or parts[1] not in ("weights", "sampler_weights"):
             raise UserError(f"path {path!r}: expected tinker://<model_id>/weights/<name>, as save_state returns")
-        return self.options.workdir / parts[0] / parts[1] / parts[2]
+        if not _MODEL_ID.match(parts[0]):
+            raise UserError(f"path {path!r}: {parts[0]!r} is not a model id of this server")
+        return self.options.workdir / parts[0] / parts[1] / checked_name(parts[2], "checkpoint")
 
     def sample(self, ops: list[SampleOp]) -> list[bytes]:
         """Rank 0: the requests of one sampler version, batched (`rlcore.tinker.sampling`)."""
@@ -194,6 +198,9 @@ _HANDLERS: dict[type, Callable[[Served, Any], Result | None]] = {
 }  # fmt: skip
 """Each training operation's handler (every rank runs it)."""
 
+
+_MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:._-]{0,127}$")
+"""A model id as the server makes them (`<session>:train:<n>`), which a path may name."""
 
 _TRAINERS_ONLY = (FwdBwd, OptimStep)
 """Under split placement: the operations only the trainer ranks run."""

@@ -292,3 +292,20 @@ def test_bad_sample_requests_fail_in_one_line_and_sampling_goes_on(url):
         old.sample(ok, 1, short).result(WAIT)  # the engine now holds the newer weights
     assert "holds version 0" in str(e.value) and "save_weights_for_sampler again" in str(e.value)
     assert len(new.sample(ok, 2, short).result(WAIT).sequences) == 2
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("tinker://../weights/x", "'..' is not a model id of this server"),
+        ("tinker://m-1/weights/a/b", "expected tinker://<model_id>/weights/<name>"),
+        ("s3://bucket/x", "expected tinker://<model_id>/weights/<name>"),
+        ("tinker://m-nobody/weights/mid", "no saved state at 'mid'"),
+    ],
+)
+def test_a_state_path_outside_the_work_directory_or_missing_is_one_line(url, path, message):
+    import tinker
+
+    with pytest.raises(tinker.RequestFailedError) as e:
+        client(url).create_training_client_from_state(path).result(WAIT)
+    assert message in str(e.value), str(e.value)
