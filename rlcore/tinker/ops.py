@@ -238,6 +238,7 @@ class Worker:
     def __init__(self, served: Served, futures: Futures) -> None:
         self.served, self.futures = served, futures
         self._queue: queue.Queue = queue.Queue()
+        self._held: list = []  # an operation taken from the queue while gathering samples: it runs next
         self._thread = threading.Thread(target=self._loop, name="rlcore-tinker-worker", daemon=True)
         self._thread.start()
 
@@ -251,7 +252,7 @@ class Worker:
     def _loop(self) -> None:
         while True:
             try:
-                item = self._queue.get(timeout=PING_S)
+                item = self._held.pop() if self._held else self._queue.get(timeout=PING_S)
             except queue.Empty:
                 _broadcast(Ping())
                 continue
@@ -274,7 +275,7 @@ class Worker:
             except queue.Empty:
                 return more
             if item is None or not isinstance(item[1], SampleOp):
-                self._queue.put(item)  # after the samples: a later operation stays later
+                self._held.append(item)  # it runs right after these samples, before anything queued behind it
                 return more
             more.append(item)
             deadline = time.monotonic() + LINGER_S
