@@ -4,8 +4,9 @@ Session endpoints answer at once (JSON). Training and sampling endpoints answer 
 (`rlcore.tinker.futures`) and hand the operation to rank 0's worker (`rlcore.tinker.ops`); the SDK then
 long-polls `/retrieve_future` and gets a protobuf body (forward_backward, sample), a JSON body (the
 others), or `{"error": ..., "category": "user"}`, which the SDK raises as one line. The client config
-the server announces turns off the JWT exchange (a plain `tml-` key works), the pyqwest transport and
-parallel chunk submission (chunks then arrive in seq_id order).
+the server announces turns off the JWT exchange (a plain `tml-` key works) and parallel chunk submission
+(chunks then arrive in seq_id order), and keeps the SDK's pyqwest transport (half httpx's cost a request).
+A body the endpoints cannot read is a 400 with one line.
 
 Not served, each refused in one line: images and audio in model inputs, top-k log-probs, targeted prompt
 log-probs, prompt alternatives, stability records, sampling a base model that no training client holds.
@@ -116,6 +117,11 @@ def create_app(api: Api) -> FastAPI:
     @app.exception_handler(json.JSONDecodeError)
     async def _not_json(request: Request, exc: json.JSONDecodeError) -> JSONResponse:
         return JSONResponse(status_code=400, content={"detail": f"{request.url.path}: the body is not JSON ({exc})"})
+
+    @app.exception_handler(TypeError)
+    @app.exception_handler(ValueError)
+    async def _unreadable(request: Request, exc: Exception) -> JSONResponse:  # a field of the wrong type
+        return JSONResponse(status_code=400, content={"detail": f"{request.url.path}: a field is unreadable ({exc})"})
 
     @app.post("/api/v1/client/config")
     async def client_config() -> dict:

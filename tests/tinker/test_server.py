@@ -309,3 +309,18 @@ def test_a_state_path_outside_the_work_directory_or_missing_is_one_line(url, pat
     with pytest.raises(tinker.RequestFailedError) as e:
         client(url).create_training_client_from_state(path).result(WAIT)
     assert message in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "message"),
+    [
+        ("optim_step", {"model_id": "m", "seq_id": 1, "adam_params": {"learning_rate": "abc"}},
+         "/api/v1/optim_step: a field is unreadable (could not convert string to float: 'abc')"),
+        ("asample", {"num_samples": "x"}, "/api/v1/asample: a field is unreadable (invalid literal for int()"),
+        ("create_model", b"{not json", "/api/v1/create_model: the body is not JSON"),
+    ],
+)
+def test_a_body_the_server_cannot_read_is_a_400_with_one_line(url, path, body, message):
+    kw = {"json": body} if isinstance(body, dict) else {"content": body}
+    r = _post(url, path, **kw)
+    assert r.status_code == 400 and message in r.json()["detail"] and "\n" not in r.json()["detail"]
