@@ -385,6 +385,10 @@ class TrainerConfig:
     line naming the rank that stalled; 0 turns it off."""
     profile_steps: str = ""
     """A:B writes a torch.profiler Chrome trace of steps A to B per rank to out_dir/profile/ ("": off)."""
+    memory_check: bool = True
+    """Refuse, before any weights load, a CPU run whose estimated peak memory (the model's config, dtype,
+    LoRA, checkpointing, micro-batch and rollout batch) exceeds what the process can have, in one line
+    naming the flags that would fit; --trainer.no-memory-check runs anyway."""
     preempt_grace_s: float = 300.0
     """SIGTERM / SIGUSR1 (a scheduler's notice before the kill): the step in progress finishes, its
     checkpoint is written and the run exits 143 (resume with --resume auto); a step still running this

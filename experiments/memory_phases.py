@@ -79,7 +79,7 @@ class Sampler:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="a model path (default: SmolLM2-135M's GGUF file)")
-    args = parser.parse_args()
+    args, extra = parser.parse_known_args()  # the rest goes to train.py (e.g. --model.activation-checkpointing)
     model = args.model
     if model is None:
         from tests.real_model import smollm2_gguf
@@ -96,13 +96,13 @@ def main() -> None:
             module.phase = sampler.phase
         code = train.main(["grpo", "--model.path", model, "--data.batch-size", "8", "--rollout.n", "8",
                            "--rollout.max-tokens", "48", "--trainer.steps", "2", "--trainer.val-every", "0",
-                           "--data.builtin-val-size", "8", "--log.no-progress", "--out-dir", out])  # fmt: skip
+                           "--data.builtin-val-size", "8", "--log.no-progress", "--out-dir", out, *extra])  # fmt: skip
         records = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
     assert code == 0, code
     mib = 2**20
     floor = 16 * params
     print(f"## memory_phases, {datetime.date.today()}: {lscpu_model()}; {model} ({params / 1e6:.1f}M parameters), "
-          f"GRPO 8 prompts x 8 samples, <= 48 tokens, 2 steps")  # fmt: skip
+          f"GRPO 8 prompts x 8 samples, <= 48 tokens, 2 steps {' '.join(extra)}")  # fmt: skip
     print(f"RSS before the run {before / mib:.0f} MiB; optimizer floor (16 B x parameters) {floor / mib:.0f} MiB")
     print("| phase | peak RSS MiB | largest rise within one occurrence MiB | peak / floor |")
     print("|---|---|---|---|")
@@ -112,6 +112,8 @@ def main() -> None:
         print(f"| {name} | {peak / mib:.0f} | {rise} | {peak / floor:.2f} |")
     worst = max(r.get("perf/max_memory_mb", 0) for r in records)
     print(f"perf/max_memory_mb of the run: {worst:.0f} ({worst * mib / floor:.2f}x the floor)")
+    last = records[-1]  # the second step: no first-call warm-up
+    print("second step: " + ", ".join(f"{k} {last[k]:.2f}" for k in sorted(last) if k.startswith("timing/")))
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ from rlcore.algorithm import Algorithm, parameters
 from rlcore.batch import Batch, group_ids
 from rlcore.dist.fsdp import model_mesh, set_gradient_sync
 from rlcore.dist.reduce import all_reduce, mesh_size
+from rlcore.models.footprint import SavedBytes
 from rlcore.models.forward import aligned_micro_batches
 from rlcore.models.moe import router_tap
 
@@ -251,7 +252,9 @@ def _one_update(
     total = torch.zeros((), dtype=torch.float32, device=kept.device)
     for i, (micro, _) in enumerate(pieces):
         set_gradient_sync(model, i == len(pieces) - 1)  # reduce across ranks after the last one only
-        loss, metrics = micro_loss(model, micro, norms)
+        with SavedBytes(model) as saved:
+            loss, metrics = micro_loss(model, micro, norms)
+        metrics[f"{prefix}/saved_tensors_mb_max"] = torch.tensor(saved.total / 2**20, device=kept.device)
         loss.backward()
         total = total + loss.detach()
         _accumulate(sums, metrics)

@@ -63,7 +63,11 @@ def test_the_readme_qwen_example_resolves_to_the_pretrained_defaults(qwen_dir, t
     resolved = resolve(cfg)
     assert _values(resolved) == {"optim.lr": 1e-6, "critic.lr": 1e-5, "rollout.max_tokens": 512,
                                  "reward.overlong_buffer_length": 0}  # fmt: skip
-    assert defaulted(cfg) == {"optim.lr": 1e-6, "critic.lr": 1e-5, "rollout.max_tokens": 512}
+    # 2 GiB of saved activations and logits: per token 24 layers x (13 x 896 + 4 x 4864) x 4 bytes + 8 x 151936
+    per_token = 24 * (13 * 896 + 4 * 4864) * 4 + 8 * 151936
+    assert defaulted(cfg) == {"optim.lr": 1e-6, "critic.lr": 1e-5, "rollout.max_tokens": 512,
+                              "algo.max_tokens_per_micro_batch": 2048 * 2**20 // per_token}  # fmt: skip
+    assert resolved.algo.max_tokens_per_micro_batch == 511
     validate(resolved)
     check_mesh(resolved)  # reads the directory's config.json
     check_context(resolved, {"--data.train-files": [200]})  # 200 + 512 within 32768 positions
@@ -105,7 +109,7 @@ def test_the_default_config_resolves_to_the_concrete_config_of_before():
 def test_a_value_the_user_gives_wins(path, qwen_dir):
     path = str(qwen_dir) if path == "qwen" else path
     given = ["--optim.lr", "3e-6", "--critic.lr", "2e-4", "--rollout.max-tokens", "64",
-             "--reward.overlong-buffer-length", "7"]  # fmt: skip
+             "--reward.overlong-buffer-length", "7", "--algo.max-tokens-per-micro-batch", "300"]  # fmt: skip
     for preset in ("grpo", "dapo", "ppo"):
         cfg = parse([preset, "--model.path", path, *given, "--model.lora-rank", "8"])
         assert defaulted(cfg) == {}
@@ -115,7 +119,8 @@ def test_a_value_the_user_gives_wins(path, qwen_dir):
     # one value given: the others defaulted, and the overlong share follows the given length
     cfg = parse(["dapo", "--model.path", path, "--rollout.max-tokens", "1000"])
     expected = 4 if path.startswith("builtin:") else 200
-    assert set(defaulted(cfg)) == {"optim.lr", "critic.lr", "reward.overlong_buffer_length"}
+    micro = set() if path.startswith("builtin:") else {"algo.max_tokens_per_micro_batch"}
+    assert set(defaulted(cfg)) == {"optim.lr", "critic.lr", "reward.overlong_buffer_length"} | micro
     assert resolve(cfg).rollout.max_tokens == 1000 and resolve(cfg).reward.overlong_buffer_length == expected
     assert cfg.rollout.max_tokens == 1000 and cfg.optim.lr is None  # the user's config is left as it was
 
@@ -172,23 +177,29 @@ def test_a_pretrained_directory_run_prints_and_records_its_defaults(tmp_path):
     tokenizer.save_pretrained(tmp_path / "model")
     proc = train("dapo", *RUN, "--model.path", str(tmp_path / "model"), out=tmp_path / "run")
     ok(proc)
+    c = model.config  # 2 GiB of saved activations and logits per micro-batch (rlcore.models.footprint)
+    per_token = c.num_hidden_layers * (13 * c.hidden_size + 4 * c.intermediate_size) * 4 + 8 * c.vocab_size
+    micro = 2048 * 2**20 // per_token
     lines = [
         "optim.lr 1e-06 (default for a pretrained model; --optim.lr to change)",
         "rollout.max-tokens 512 (default for a pretrained model; --rollout.max-tokens to change)",
         "reward.overlong-buffer-length 102 (default for a pretrained model: 20% of --rollout.max-tokens; "
         "--reward.overlong-buffer-length to change)",
+        f"algo.max-tokens-per-micro-batch {micro} (default for a pretrained model: 2048 MiB of saved activations "
+        "and logits; --algo.max-tokens-per-micro-batch to change)",
     ]
-    assert proc.stdout.splitlines()[:3] == lines
+    assert proc.stdout.splitlines()[:4] == lines
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["defaulted"] == {
         "model_kind": "pretrained",
         "values": {"optim.lr": 1e-6, "critic.lr": 1e-5, "rollout.max_tokens": 512,
-                   "reward.overlong_buffer_length": 102},
+                   "reward.overlong_buffer_length": 102, "algo.max_tokens_per_micro_batch": micro},
     }  # fmt: skip
+    assert config["algo"]["max_tokens_per_micro_batch"] == micro
     assert (config["rollout"]["max_tokens"], config["reward"]["overlong_buffer_length"]) == (512, 102)
     assert read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]["actor/lr"] == 1e-6
     proc = train("ppo", *RUN, "--model.path", str(tmp_path / "model"), "--optim.lr", "2e-5",
-                 "--rollout.max-tokens", "8", out=tmp_path / "given")  # fmt: skip
+                 "--rollout.max-tokens", "8", "--algo.max-tokens-per-micro-batch", "64", out=tmp_path / "given")  # fmt: skip
     ok(proc)
     critic = "critic.lr 1e-05 (default for a pretrained model; --critic.lr to change)"
     assert proc.stdout.splitlines()[0] == critic

@@ -15,6 +15,7 @@ from rlcore.dist.mesh import close_distributed, init_distributed
 from rlcore.dist.placement import place
 from rlcore.tinker.model import ServeOptions
 from rlcore.tinker.ops import Served, follow
+from rlcore.trainer.memory import return_freed_memory
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -57,6 +58,7 @@ def serve(args: ServeArgs) -> int:
     if args.micro_batch_tokens < 0:
         print("error: --micro-batch-tokens must be 0 (automatic) or a number of tokens", file=sys.stderr)
         return 2
+    return_freed_memory()  # freed tensors go back to the kernel between requests
     try:
         info = init_distributed(args.device)
     except ValueError as e:

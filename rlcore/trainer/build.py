@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -25,10 +26,12 @@ from rlcore.rewards.dispatch import find_reward
 from rlcore.rewards.pool import RewardScorer
 from rlcore.rollout.env import EnvSpecError
 from rlcore.state import TrainState
-from rlcore.trainer import agents, judges, model_checks, models
+from rlcore.trainer import agents, judges, memory, model_checks, models
 from rlcore.trainer.algorithm import bind, sync_bucket_bytes
+from rlcore.trainer.cpu_bf16 import bf16_units, cpu_flags, slow_bf16_line
 from rlcore.trainer.defaults import default_lines, model_kind
 from rlcore.trainer.faults import Hooks
+from rlcore.trainer.fits import check_fits
 from rlcore.trainer.handles import Handles, Outbox
 from rlcore.trainer.logger import MetricsLogger
 from rlcore.trainer.preflight import preflight
@@ -56,8 +59,9 @@ def build(
     dist, mesh, trains, generates = placement.local, placement.mesh, placement.trains, placement.generates
     torch.manual_seed(cfg.trainer.seed)
     algorithm, plan = bind(cfg)
-    if placement.writes:  # the first lines of the run: what the model's kind chose
+    if placement.writes:  # the first lines of the run: what the model's kind chose, bf16 where it is slow
         report_defaults(cfg, defaulted, critic=algorithm.needs_critic)
+        _warn_slow_bf16(cfg, on_cpu=info.device.type == "cpu")
     out_dir = Path(cfg.out_dir or f"runs/{cfg.preset}-{datetime.now():%Y%m%d-%H%M%S}")
     tokenizer = models.tokenizer_of(cfg)
     vision = models.vision_of(cfg, tokenizer)
@@ -65,9 +69,13 @@ def build(
         model_checks.check_teacher(cfg, tokenizer)  # before any weights load
     judging = judges.judge_parts(cfg)  # the judge's template, parser and tokenizer (None: no judge)
     train_ds, val_ds = _datasets(cfg, tokenizer, agents.prompt_tools(agent_files, tokenizer), vision)
-    model_checks.check_context(cfg, {ds.name: ds.prompt_lengths() for ds in (train_ds, val_ds) if ds is not None})
+    lengths = {ds.name: ds.prompt_lengths() for ds in (train_ds, val_ds) if ds is not None}
+    model_checks.check_context(cfg, lengths)
+    longest = max((max(v, default=0) for v in lengths.values()), default=0)
+    check_fits(cfg, world_size=info.world_size, on_cpu=info.device.type == "cpu", prompt_tokens=longest)
     if vision is not None and info.world_size > 1:
         _check_every_row_has_an_image(train_ds)
+    memory.note_process()  # what the process holds before any weights (perf/mem/process_mb)
     # a rollout rank of split placement loads the engine's own copy of the policy instead
     model = models.build_policy(cfg, placement) if trains else models.build_engine_copy(cfg, dist)
     if cfg.rollout.exact:
@@ -165,6 +173,13 @@ def report_defaults(cfg: Config, defaulted: dict[str, Any], *, critic: bool) -> 
     lines = default_lines(shown, kind=model_kind(cfg.model.path), lora=cfg.model.lora_rank > 0)
     for line in lines:
         print(line, flush=True)
+
+
+def _warn_slow_bf16(cfg: Config, *, on_cpu: bool) -> None:
+    units = bf16_units(cpu_flags(), os.environ.get("ONEDNN_MAX_CPU_ISA"))
+    line = slow_bf16_line(cfg, on_cpu=on_cpu, units=units)
+    if line:
+        print(line, file=sys.stderr, flush=True)
 
 
 def model_base(cfg: Config) -> dict[str, Any]:

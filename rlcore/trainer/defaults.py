@@ -7,7 +7,8 @@
 A built-in model (`--model.path builtin:<name>`) keeps the values its tasks were tuned with; anything
 else (a directory, a hub id, a GGUF file) is a pretrained model and gets values that fit one. A value the
 user gave always wins: only the fields the config leaves None are filled (`--optim.lr`, `--critic.lr`,
-`--rollout.max-tokens`, and `--reward.overlong-buffer-length`, which the dapo preset leaves None).
+`--rollout.max-tokens`, `--reward.overlong-buffer-length`, which the dapo preset leaves None, and
+`--algo.max-tokens-per-micro-batch`).
 
 Why the pretrained values (sources read for issue 56):
 - learning rate 1e-6 for full fine-tuning: verl's `actor_rollout_ref.actor.optim.lr` and TRL's
@@ -21,6 +22,9 @@ Why the pretrained values (sources read for issue 56):
   GSM8K chain of thought fits, where the built-in models' 12 tokens cannot hold one.
 - DAPO's overlong buffer as a share of the response length, 20%: the DAPO paper (Yu et al. 2025) and
   verl's recipe penalise the last 4096 of 20480 tokens. The built-in models keep 4 tokens (of 12).
+- micro-batches by a token budget (`MICRO_BATCH_MIB`, issue 61): a pretrained model's update in one
+  micro-batch of rows holds every token's activations at once (measured 1.6 MB per token on SmolLM2-135M,
+  so 8.6 GiB for GRPO 8 x 8 at 4.3x the optimizer floor); the budget is read from the model's config.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from configs import Config
+from configs import Config, ConfigError
 from rlcore.models.policy import BUILTIN_PREFIX
 
 Kind = Literal["builtin", "pretrained"]
@@ -51,7 +55,16 @@ class KindDefaults:
     """--reward.overlong-buffer-length where a preset leaves it None: this many tokens ..."""
     overlong_buffer_share: float
     """... plus this share of --rollout.max-tokens (rounded)."""
+    micro_batch_mib: int | None
+    """--algo.max-tokens-per-micro-batch: the tokens whose saved activations and logits take this many MiB
+    (`rlcore.models.footprint`); None: micro-batches of --algo.micro-batch-size rows."""
 
+
+MICRO_BATCH_MIB = 2048
+"""A pretrained model's micro-batch budget (issue 61, experiments/README.md "memory"). SmolLM2-135M, GRPO
+8 x 8, 48 tokens: one micro-batch of rows peaks at 4.3x the optimizer floor; this budget (1,057 tokens)
+at 2.1x for 8% more update time; 256 tokens at 1.7x for 60% more (the prompts of a group are no longer
+shared and the products shrink). Qwen2.5-0.5B's shape gets 511 tokens."""
 
 DEFAULTS: dict[Kind, KindDefaults] = {
     "builtin": KindDefaults(
@@ -61,6 +74,7 @@ DEFAULTS: dict[Kind, KindDefaults] = {
         max_tokens=12,  # the built-in tasks' answers are a few tokens (the default run's responses: 5-7)
         overlong_buffer_tokens=4,  # the dapo preset's 4 of 12 tokens, as before issue 56
         overlong_buffer_share=0.0,
+        micro_batch_mib=None,  # rows, as the built-in tasks were tuned (their activations are a few MiB)
     ),
     "pretrained": KindDefaults(
         lr=1e-6,  # verl actor_rollout_ref.actor.optim.lr and TRL GRPOConfig.learning_rate
@@ -69,6 +83,7 @@ DEFAULTS: dict[Kind, KindDefaults] = {
         max_tokens=512,  # verl data.max_response_length (TRL max_completion_length: 256)
         overlong_buffer_tokens=0,
         overlong_buffer_share=0.2,  # DAPO (Yu et al. 2025): a 4096-token buffer of 20480 tokens
+        micro_batch_mib=MICRO_BATCH_MIB,
     ),
 }
 """The defaults of each model kind, each value with its source."""
@@ -78,6 +93,7 @@ FLAGS = {
     "critic.lr": "--critic.lr",
     "rollout.max_tokens": "--rollout.max-tokens",
     "reward.overlong_buffer_length": "--reward.overlong-buffer-length",
+    "algo.max_tokens_per_micro_batch": "--algo.max-tokens-per-micro-batch",
 }
 """The fields a model kind defaults (section.field, as config.json names them) and their flags."""
 
@@ -107,7 +123,27 @@ def defaulted(cfg: Config) -> dict[str, Any]:
         max_tokens = values["rollout.max_tokens"] = d.max_tokens
     if cfg.reward.overlong_buffer_length is None:
         values["reward.overlong_buffer_length"] = overlong_buffer(d, max_tokens)
+    if cfg.algo.max_tokens_per_micro_batch is None and d.micro_batch_mib is not None:
+        tokens = micro_batch_tokens(cfg, d.micro_batch_mib * 2**20)
+        if tokens is not None:
+            values["algo.max_tokens_per_micro_batch"] = tokens
     return values
+
+
+def micro_batch_tokens(cfg: Config, budget: int) -> int | None:
+    """The tokens a micro-batch of the run's model may hold for its saved activations and logits to take
+    `budget` bytes (`rlcore.models.footprint`); None when the model's config cannot be read (loading it
+    reports why)."""
+    from rlcore.models.footprint import Shape, micro_tokens_within
+    from rlcore.trainer.model_checks import model_config
+
+    try:
+        shape = Shape.of(model_config(cfg.model.path))
+    except (ConfigError, ValueError, OSError, KeyError, AttributeError):
+        return None
+    compute = 2 if "bfloat16" in (cfg.model.dtype, cfg.model.compute_dtype) else 4
+    return micro_tokens_within(shape, budget=budget, compute_bytes=compute,
+                               checkpointing=cfg.model.activation_checkpointing)  # fmt: skip
 
 
 def resolve(cfg: Config) -> Config:
@@ -131,5 +167,7 @@ def default_lines(values: dict[str, Any], *, kind: Kind, lora: bool = False) -> 
         share = DEFAULTS[kind].overlong_buffer_share
         if key == "reward.overlong_buffer_length" and share:
             what += f": {share:.0%} of --rollout.max-tokens"
+        if key == "algo.max_tokens_per_micro_batch":
+            what += f": {DEFAULTS[kind].micro_batch_mib} MiB of saved activations and logits"
         lines.append(f"{flag.removeprefix('--')} {value:g} (default for {what}; {flag} to change)")
     return lines

@@ -29,6 +29,7 @@ from rlcore.plan import KLControl, StepPlan
 from rlcore.pure.kl import adaptive_kl_coef
 from rlcore.state import TrainState
 from rlcore.steps import advantage_step, logprob_gap, logprob_step
+from rlcore.trainer import memory
 from rlcore.trainer.collect import step_seed
 from rlcore.trainer.phases import phase
 from rlcore.update import update_step
@@ -108,7 +109,7 @@ def learn(
             temperature=plan.forward.temperature,
             seed=step_seed(plan.seed, step, "loss"),
         )
-    metrics |= um
+    metrics |= um | memory.state_mb(actor.model, actor.optimizer)
     metrics["timing/update_s"] = time.perf_counter() - update_started
     kl_coef = state.kl_coef
     if plan.kl.adaptive:

@@ -3,7 +3,8 @@ bar with ETA when stderr is a terminal, one plain line per step when it is not (
 
 Rank 0 alone writes and prints; other ranks get a logger whose methods do nothing. Every record also
 gets the process's memory: `perf/rss_mb` (resident now) and `perf/max_memory_mb` (peak resident so
-far, the kernel's high-water mark). A record that cannot be appended (disk full) ends the run with
+far, the kernel's high-water mark), each phase's peak since the last record (`perf/mem/<phase>_peak_mb`)
+and the free memory glibc holds (`perf/mem/slack_mb`). A record that cannot be appended (disk full) ends the run with
 one `error:` line and exit code 2 (`StopRun`); a record torn by a crash mid-append is dropped when read back.
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from rlcore.trainer import memory
 from rlcore.trainer.errors import StopRun
 
 
@@ -161,7 +163,11 @@ def memory_metrics() -> dict[str, float]:
     on CUDA also `perf/gpu_max_allocated_mb` (the peak since the previous record, which resets it) and
     `perf/gpu_reserved_mb` (held by the caching allocator now)."""
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux (bytes on macOS)
-    metrics = {"perf/max_memory_mb": peak_kb / (2**20 if sys.platform == "darwin" else 1024)}
+    peak = max(peak_kb / (2**20 if sys.platform == "darwin" else 1024), memory.peak_mb() or 0.0)
+    metrics = {"perf/max_memory_mb": peak} | memory.take_phase_peaks() | memory.process_mb()
+    slack = memory.allocator_slack_mb()
+    if slack is not None:
+        metrics["perf/mem/slack_mb"] = slack
     metrics |= gpu_memory_metrics()
     try:
         with open("/proc/self/statm") as f:

@@ -6,7 +6,8 @@
         with phase("rollout"):                         # a torch.profiler range, and progress
             ...
 
-`phase(name)` is a `torch.profiler.record_function` range (so a trace from --trainer.profile-steps
+`phase(name)` records its peak resident memory (`rlcore.trainer.memory`: `perf/mem/<phase>_peak_mb`), is a
+`torch.profiler.record_function` range (so a trace from --trainer.profile-steps
 shows rollout, scoring, logprobs, update, sync, ... per step) and, when a watchdog is armed, a
 heartbeat: entering or leaving a phase is progress. The watchdog thread checks every second; when
 nothing has progressed for `timeout_s` (a phase that never ends, or a collective some rank never
@@ -34,6 +35,8 @@ from typing import Any, TextIO
 
 import torch
 
+from rlcore.trainer.memory import phase_peak
+
 HANG_EXIT_CODE = 4
 """The exit code of a run the watchdog stopped."""
 
@@ -45,7 +48,7 @@ _ACTIVE: Watchdog | None = None
 def phase(name: str) -> Iterator[None]:
     """A named phase of the current step (a profiler range; progress for the watchdog)."""
     watch = _ACTIVE
-    with torch.profiler.record_function(name):
+    with torch.profiler.record_function(name), phase_peak(name):
         if watch is not None:
             watch.enter(name)
         try:

@@ -22,7 +22,7 @@ from rlcore.dist.mesh import close_distributed, group_rank, group_size
 from rlcore.plan import StepPlan
 from rlcore.rewards.pool import RewardError
 from rlcore.state import TrainState
-from rlcore.trainer import checkpoints, defaults, models, signals, split
+from rlcore.trainer import checkpoints, defaults, memory, models, signals, split
 from rlcore.trainer.build import USER_ERRORS, build
 from rlcore.trainer.collect import step_seed
 from rlcore.trainer.errors import StopRun, reason
@@ -49,6 +49,7 @@ __all__ = ["Handles", "TrainingDiverged", "build", "run", "step_seed", "train_st
 def run(cfg: Config) -> int:
     """Train to the end; user errors print one line and return 2, a diverged run 3. The fields `cfg` leaves
     to the model's kind are resolved here, once (`rlcore.trainer.defaults`): the run uses the new config."""
+    memory.return_freed_memory()  # freed tensors go back to the kernel between phases
     defaulted = defaults.defaulted(cfg)
     cfg = defaults.resolve(cfg)
     try:

@@ -1,0 +1,173 @@
+"""How much memory a run's model needs, estimated from its config alone (no weights load).
+
+    shape = Shape.of(config)                                    # parameters and layer widths, meta device
+    est = estimate(shape, Setup(dtype_bytes=4, lora_rank=0, micro_tokens=512, rollout_rows=64,
+                                rollout_tokens=560, checkpointing=False))
+    est.peak, est.parts                                          # bytes; {"weights": ..., "activations": ...}
+    tokens = micro_tokens_within(shape, budget=256 * 2**20, dtype_bytes=4, checkpointing=False)
+
+The parts, each a formula of the config (the numbers are from issue 61's measurements on SmolLM2-135M):
+- weights: every parameter at the parameter dtype;
+- gradients: the trained parameters (all of them, or LoRA's A and B) at the parameter dtype, alive
+  during the update only (`zero_grad(set_to_none=True)` frees them after the step);
+- optimizer: AdamW's two moments, float32 or the parameter dtype, 8 or 4 bytes per trained parameter;
+- activations: the tensors a micro-batch's forward saves for backward, per token and layer
+  `ACTIVATION_WIDTHS` hidden and MLP widths of the compute dtype (HF Llama/Qwen2 with sdpa: two RMSNorms
+  save 3 x hidden each, RoPE and attention about 4 x hidden, the MLP 4 x its width; measured 1.6 MB per
+  token on SmolLM2 against 1.55 MB here). With activation checkpointing a layer keeps its input only, and
+  one layer at a time is recomputed;
+- logits: the micro-batch's float32 logits and their gradient, 8 bytes x vocabulary per token;
+- rollout: the lean engine's packed copy of the weights (one per `generate`) and the KV cache of every
+  row at its full length.
+The peak is the state that lives throughout (weights, optimizer, the process itself) plus the larger of
+the update's (gradients, activations, logits) and the rollout's transients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+PROCESS_BYTES = 700 * 2**20
+"""The process before any model: Python, torch, the tokenizer and data (measured 0.6-0.7 GiB RSS)."""
+ACTIVATION_WIDTHS = (13.0, 4.0)
+"""Saved values per token and layer: this many hidden widths, plus this many MLP widths."""
+LORA_LINEARS = 7
+"""Linear layers LoRA wraps per decoder layer by default (q, k, v, o, gate, up, down)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """What the estimate reads of a model: its parameter count and layer widths."""
+
+    params: int
+    layers: int
+    hidden: int
+    mlp: int
+    """The MLP width a token passes through (a mixture of experts: the routed experts' together)."""
+    vocab: int
+    kv_width: int
+    """Keys and values per token and layer together: 2 x KV heads x head dim."""
+
+    @staticmethod
+    def of(config: Any) -> Shape:
+        """The shape of a Hugging Face config; parameters counted on the meta device (exact, no memory)."""
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        text = config.get_text_config()
+        heads = text.num_attention_heads
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+        routed = getattr(text, "moe_intermediate_size", None)
+        mlp = routed * text.num_experts_per_tok if routed else text.intermediate_size
+        return Shape(
+            params=sum(p.numel() for p in model.parameters()),
+            layers=text.num_hidden_layers,
+            hidden=text.hidden_size,
+            mlp=mlp,
+            vocab=text.vocab_size,
+            kv_width=2 * getattr(text, "num_key_value_heads", heads) * head_dim,
+        )
+
+    def lora_params(self, rank: int) -> int:
+        """A and B of every default LoRA target: rank x (in + out) per linear layer."""
+        q_and_o, kv = 2 * (self.hidden + self.hidden), 2 * (self.hidden + self.kv_width // 2)
+        mlp = 3 * (self.hidden + self.mlp)
+        return rank * self.layers * (q_and_o + kv + mlp)
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """The run's choices the estimate depends on."""
+
+    dtype_bytes: int
+    """Parameter bytes (4 float32, 2 bfloat16)."""
+    lora_rank: int
+    micro_tokens: int
+    """Tokens of the largest update micro-batch (rows x trimmed width)."""
+    rollout_rows: int
+    rollout_tokens: int
+    """Prompt + response positions of a rollout row."""
+    checkpointing: bool
+    compute_bytes: int = 4
+    """Activation bytes (the compute dtype)."""
+    engine_copy: bool = True
+    """Whether the engine packs its own copy of the weights for a `generate` (the lean native engine)."""
+    shards: int = 1
+    """Ranks FSDP2 shards the weights, gradients and optimizer over (the engine's copy stays whole)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    parts: dict[str, int]
+    """Bytes by part (module docstring)."""
+    peak: int
+
+
+def activation_bytes_per_token(shape: Shape, compute_bytes: int, checkpointing: bool) -> int:
+    """Saved-for-backward bytes per token of a micro-batch, the logits and their gradient included."""
+    per_layer = (ACTIVATION_WIDTHS[0] * shape.hidden + ACTIVATION_WIDTHS[1] * shape.mlp) * compute_bytes
+    layers = shape.layers * shape.hidden * compute_bytes + per_layer if checkpointing else shape.layers * per_layer
+    return int(layers + 8 * shape.vocab)
+
+
+def micro_tokens_within(shape: Shape, *, budget: int, compute_bytes: int, checkpointing: bool) -> int:
+    """The most tokens a micro-batch may hold for its activations and logits to stay within `budget` bytes."""
+    return max(1, budget // activation_bytes_per_token(shape, compute_bytes, checkpointing))
+
+
+def estimate(shape: Shape, setup: Setup) -> Estimate:
+    """The run's peak memory in bytes, and its parts (module docstring)."""
+    trained = shape.lora_params(setup.lora_rank) if setup.lora_rank else shape.params
+    moments = 8 if setup.dtype_bytes == 4 or setup.lora_rank else 2 * setup.dtype_bytes
+    per_token = activation_bytes_per_token(shape, setup.compute_bytes, setup.checkpointing)
+    shards = max(1, setup.shards)
+    parts = {
+        "process": PROCESS_BYTES,
+        "weights": (shape.params * setup.dtype_bytes + (trained * 4 if setup.lora_rank else 0)) // shards,
+        "optimizer": trained * moments // shards,
+        "gradients": trained * (4 if setup.lora_rank else setup.dtype_bytes) // shards,
+        "activations": setup.micro_tokens * per_token,
+        "engine_weights": shape.params * setup.dtype_bytes if setup.engine_copy else 0,
+        "kv_cache": setup.rollout_rows * setup.rollout_tokens * shape.layers * shape.kv_width * setup.compute_bytes,
+    }
+    update = parts["gradients"] + parts["activations"]
+    rollout = parts["engine_weights"] + parts["kv_cache"]
+    return Estimate(parts=parts, peak=parts["process"] + parts["weights"] + parts["optimizer"] + max(update, rollout))
+
+
+class SavedBytes:
+    """The bytes autograd saves for backward inside a block, measured: each distinct storage once, the
+    model's parameters left out (the activations and logits of one micro-batch's forward).
+
+        with SavedBytes(model) as saved:
+            loss = forward(model, micro)
+        saved.total    # bytes
+
+    Tensors that activation checkpointing recomputes are not saved, so they are not counted."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        local = (getattr(p, "_local_tensor", p) for p in model.parameters())  # a DTensor's shard
+        self._seen = {t.untyped_storage().data_ptr() for t in local if t.device.type != "meta"}
+        self.total = 0
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # a tensor subclass without one storage
+            return t
+        if storage.data_ptr() not in self._seen:
+            self._seen.add(storage.data_ptr())
+            self.total += storage.nbytes()
+        return t
+
+    def __enter__(self) -> SavedBytes:
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._hooks.__exit__(*exc)

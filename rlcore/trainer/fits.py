@@ -1,0 +1,121 @@
+"""Say no before the kernel does: refuse a run whose estimated peak memory exceeds what this process can have.
+
+    check_fits(cfg, world_size=2, on_cpu=True, prompt_tokens=212)   # before any weights load: one line, or nothing
+
+The estimate is `rlcore.models.footprint`'s, from the model's config.json, the run's flags (dtype, LoRA,
+checkpointing, the micro-batch, the rollout batch) and the longest kept prompt (so it runs once the prompts
+are tokenized). The limit is the memory this process can still get:
+the kernel's available memory (MemAvailable) plus what the process holds already, within a cgroup's limit
+when one is set, shared by the ranks on this host. A refusal names the estimate and its largest parts, the
+limit, and the flags that would make the run fit by the same estimate. `--trainer.no-memory-check`
+skips it (an estimate is not a measurement). On an accelerator the estimate is not made: its memory is
+the device's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from configs import Config, ConfigError
+from rlcore.models.footprint import Setup, Shape, estimate
+
+GIB = 2**30
+_CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+
+
+def check_fits(cfg: Config, *, world_size: int, on_cpu: bool, prompt_tokens: int) -> None:
+    """Raise a one-line ConfigError when the run's estimated peak exceeds `available_bytes()` on any rank
+    (a collective under torchrun: every rank calls it and decides alike)."""
+    if not cfg.trainer.memory_check or not on_cpu:
+        return
+    from rlcore.dist.reduce import world_max
+    from rlcore.trainer.model_checks import model_config
+
+    shape = Shape.of(model_config(cfg.model.path))
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    try:
+        limit = available_bytes() // max(1, local)
+    except OSError:  # not Linux: no estimate of what the process can have
+        limit = 2**62
+    est = estimate(shape, setup_of(cfg, world_size, prompt_tokens))
+    need, parts = est.peak, est.parts
+    if world_max([int(need > limit)])[0] == 0:
+        return
+    largest = ", ".join(f"{k} {v / GIB:.1f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])[:3])
+    fixes = [flag for flag, c in alternatives(cfg)
+             if estimate(shape, setup_of(c, world_size, prompt_tokens)).peak <= limit]  # fmt: skip
+    hint = (f"these flags would fit it: {'; '.join(fixes)}" if fixes else
+            "no single flag makes it fit (try them together, or more ranks)")  # fmt: skip
+    raise ConfigError(
+        f"--model.path {cfg.model.path}: the run needs about {need / GIB:.1f} GiB at its peak ({largest} GiB), "
+        f"more than the {limit / GIB:.1f} GiB this process can have; {hint}; --trainer.no-memory-check runs anyway"
+    )
+
+
+def setup_of(cfg: Config, world_size: int, prompt_tokens: int) -> Setup:
+    """The estimate's view of a run on one of `world_size` ranks (FSDP2 shards the trained state) whose
+    longest prompt has `prompt_tokens` tokens."""
+    a, r = cfg.algo, cfg.rollout
+    row = prompt_tokens + (r.max_tokens or 512)
+    micro = a.max_tokens_per_micro_batch or a.micro_batch_size * row
+    rows = -(-cfg.data.batch_size * r.n // world_size)
+    bf16 = {"float32": 4, "bfloat16": 2}
+    return Setup(dtype_bytes=bf16[cfg.model.dtype], lora_rank=cfg.model.lora_rank,
+                 micro_tokens=min(micro, rows * row), rollout_rows=rows, rollout_tokens=row,
+                 checkpointing=cfg.model.activation_checkpointing, compute_bytes=bf16[cfg.model.compute_dtype],
+                 shards=world_size)  # fmt: skip
+
+
+def alternatives(cfg: Config) -> list[tuple[str, Config]]:
+    """The memory-saving flags a refusal may suggest, each with the config it gives."""
+    m, a = cfg.model, cfg.algo
+    out = []
+    if m.lora_rank == 0:
+        out.append(("--model.lora-rank 16", dataclasses.replace(cfg, model=dataclasses.replace(m, lora_rank=16))))
+    if m.dtype == "float32":
+        out.append(("--model.dtype bfloat16", dataclasses.replace(cfg, model=dataclasses.replace(m, dtype="bfloat16"))))
+    if not m.activation_checkpointing:
+        on = dataclasses.replace(m, activation_checkpointing=True)
+        out.append(("--model.activation-checkpointing", dataclasses.replace(cfg, model=on)))
+    smaller = max(1, (a.max_tokens_per_micro_batch or 4096) // 4)
+    out.append((f"--algo.max-tokens-per-micro-batch {smaller}",
+                dataclasses.replace(cfg, algo=dataclasses.replace(a, max_tokens_per_micro_batch=smaller))))  # fmt: skip
+    return out
+
+
+def available_bytes() -> int:
+    """The memory this process can still get, plus what it holds (module docstring)."""
+    held = _own_rss()
+    available = _meminfo("MemAvailable") + held
+    for path in _CGROUP_LIMITS:
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:
+            used = _cgroup_usage(path)
+            available = min(available, int(text) - used + held)
+    return available
+
+
+def _meminfo(key: str) -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise OSError(f"/proc/meminfo has no {key}")
+
+
+def _own_rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _cgroup_usage(limit: Path) -> int:
+    current = limit.with_name("memory.current" if limit.name == "memory.max" else "memory.usage_in_bytes")
+    try:
+        return int(current.read_text().strip())
+    except (OSError, ValueError):
+        return 0
