@@ -143,7 +143,7 @@ def floor_and_estimate(model: str, extra: list[str], config: dict, prompt: int) 
     trained = shape.lora_params(lora) if lora else shape.params
     dtype_bytes = 2 if cfg.model.dtype == "bfloat16" else 4
     floor = (shape.params * dtype_bytes + 16 * trained) if lora else 16 * shape.params
-    return floor / 2**20, estimate(shape, setup_of(cfg, 1, prompt)).peak / 2**20, shape.params, trained
+    return floor / 2**20, estimate(shape, setup_of(cfg, shape, 1, prompt)).peak / 2**20, shape.params, trained
 
 
 def main() -> None:

@@ -127,10 +127,28 @@ def test_the_flags_a_refusal_suggests_each_lower_the_estimate():
     from transformers import Qwen2Config
 
     shape = Shape.of(Qwen2Config(**QWEN_05B))
-    cfg = Config()
-    base = estimate(shape, setup_of(cfg, 1, 200)).peak
-    for flag, other in alternatives(cfg):
-        assert estimate(shape, setup_of(other, 1, 200)).peak < base, flag
+    for cfg in (Config(), Config(model=ModelConfig(lora_rank=16))):
+        base = estimate(shape, setup_of(cfg, shape, 1, 200)).peak
+        flags = [flag for flag, _ in alternatives(cfg)]
+        assert ("--rollout.no-lora-merged-copy" in flags) == (cfg.model.lora_rank > 0), flags
+        for flag, other in alternatives(cfg):
+            assert estimate(shape, setup_of(other, shape, 1, 200)).peak < base, flag
+    lora = setup_of(Config(model=ModelConfig(lora_rank=16)), shape, 1, 200)
+    assert lora.engine_copy_bytes == 4 * shape.params  # the merged copy the native engine samples from
+
+
+@pytest.mark.parametrize("merged", [True, False])
+def test_lora_samples_from_the_trained_module_without_the_merged_copy(merged, tmp_path):
+    """--rollout.no-lora-merged-copy: nothing is pushed (the engine samples the trained module, adapters
+    unmerged) and the engine's log-probs stay the trainer's."""
+    flag = [] if merged else ["--rollout.no-lora-merged-copy"]
+    proc = train("grpo", "--model.lora-rank", "8", "--trainer.steps", "2", "--trainer.val-every", "0",
+                 "--data.batch-size", "4", "--rollout.n", "4", *flag, out=tmp_path)  # fmt: skip
+    ok(proc)
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    pushed = [r["sync/bytes"] for r in records if "sync/bytes" in r]
+    assert pushed and (all(b > 0 for b in pushed) if merged else all(b == 0 for b in pushed)), pushed
+    assert all(r["rollout/logprob_diff_max"] < 1e-4 for r in records if "rollout/logprob_diff_max" in r)
 
 
 @pytest.fixture(scope="module")

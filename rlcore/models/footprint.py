@@ -16,9 +16,11 @@ The parts, each a formula of the config (the numbers are from issue 61's measure
   save 3 x hidden each, RoPE and attention about 4 x hidden, the MLP 4 x its width; measured 1.6 MB per
   token on SmolLM2 against 1.55 MB here). With activation checkpointing a layer keeps its input only, and
   one layer at a time is recomputed;
-- logits: the micro-batch's float32 logits and their gradient, 8 bytes x vocabulary per token;
+- logits: the micro-batch's logits and their gradient in the compute dtype, 2 x vocabulary x 4 bytes per
+  token (x 2 in bf16; the log-softmax works on chunks of positions in float32);
 - rollout: the lean engine's packed copy of the weights (one per `generate`) and the KV cache of every
-  row at its full length.
+  row at its full length; an engine copy kept throughout (LoRA's merged copy, or an unsharded copy beside
+  FSDP2's shards) counts always.
 The peak is the state that lives throughout (weights, optimizer, the process itself) plus the larger of
 the update's (gradients, activations, logits) and the rollout's transients.
 """
@@ -98,6 +100,8 @@ class Setup:
     """Whether the engine packs its own copy of the weights for a `generate` (the lean native engine)."""
     shards: int = 1
     """Ranks FSDP2 shards the weights, gradients and optimizer over (the engine's copy stays whole)."""
+    engine_copy_bytes: int = 0
+    """A copy of the weights the engine keeps throughout (LoRA's merged copy; an unsharded copy under FSDP2)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +115,7 @@ def activation_bytes_per_token(shape: Shape, compute_bytes: int, checkpointing: 
     """Saved-for-backward bytes per token of a micro-batch, the logits and their gradient included."""
     per_layer = (ACTIVATION_WIDTHS[0] * shape.hidden + ACTIVATION_WIDTHS[1] * shape.mlp) * compute_bytes
     layers = shape.layers * shape.hidden * compute_bytes + per_layer if checkpointing else shape.layers * per_layer
-    return int(layers + 8 * shape.vocab)
+    return int(layers + 2 * compute_bytes * shape.vocab)  # the logits and their gradient
 
 
 def micro_tokens_within(shape: Shape, *, budget: int, compute_bytes: int, checkpointing: bool) -> int:
@@ -131,12 +135,14 @@ def estimate(shape: Shape, setup: Setup) -> Estimate:
         "optimizer": trained * moments // shards,
         "gradients": trained * (4 if setup.lora_rank else setup.dtype_bytes) // shards,
         "activations": setup.micro_tokens * per_token,
+        "engine_copy": setup.engine_copy_bytes,
         "engine_weights": shape.params * setup.dtype_bytes if setup.engine_copy else 0,
         "kv_cache": setup.rollout_rows * setup.rollout_tokens * shape.layers * shape.kv_width * setup.compute_bytes,
     }
     update = parts["gradients"] + parts["activations"]
     rollout = parts["engine_weights"] + parts["kv_cache"]
-    return Estimate(parts=parts, peak=parts["process"] + parts["weights"] + parts["optimizer"] + max(update, rollout))
+    held = parts["process"] + parts["weights"] + parts["engine_copy"] + parts["optimizer"]
+    return Estimate(parts=parts, peak=held + max(update, rollout))
 
 
 class SavedBytes:

@@ -39,13 +39,13 @@ def check_fits(cfg: Config, *, world_size: int, on_cpu: bool, prompt_tokens: int
         limit = available_bytes() // max(1, local)
     except OSError:  # not Linux: no estimate of what the process can have
         limit = 2**62
-    est = estimate(shape, setup_of(cfg, world_size, prompt_tokens))
+    est = estimate(shape, setup_of(cfg, shape, world_size, prompt_tokens))
     need, parts = est.peak, est.parts
     if world_max([int(need > limit)])[0] == 0:
         return
     largest = ", ".join(f"{k} {v / GIB:.1f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])[:3])
     fixes = [flag for flag, c in alternatives(cfg)
-             if estimate(shape, setup_of(c, world_size, prompt_tokens)).peak <= limit]  # fmt: skip
+             if estimate(shape, setup_of(c, shape, world_size, prompt_tokens)).peak <= limit]  # fmt: skip
     hint = (f"these flags would fit it: {'; '.join(fixes)}" if fixes else
             "no single flag makes it fit (try them together, or more ranks)")  # fmt: skip
     raise ConfigError(
@@ -54,7 +54,7 @@ def check_fits(cfg: Config, *, world_size: int, on_cpu: bool, prompt_tokens: int
     )
 
 
-def setup_of(cfg: Config, world_size: int, prompt_tokens: int) -> Setup:
+def setup_of(cfg: Config, shape: Shape, world_size: int, prompt_tokens: int) -> Setup:
     """The estimate's view of a run on one of `world_size` ranks (FSDP2 shards the trained state) whose
     longest prompt has `prompt_tokens` tokens."""
     a, r = cfg.algo, cfg.rollout
@@ -62,10 +62,12 @@ def setup_of(cfg: Config, world_size: int, prompt_tokens: int) -> Setup:
     micro = a.max_tokens_per_micro_batch or a.micro_batch_size * row
     rows = -(-cfg.data.batch_size * r.n // world_size)
     bf16 = {"float32": 4, "bfloat16": 2}
+    native = r.engine == "native" and cfg.pipeline.placement == "colocate"
+    copy = native and (world_size > 1 or (cfg.model.lora_rank > 0 and r.lora_merged_copy and not r.exact))
     return Setup(dtype_bytes=bf16[cfg.model.dtype], lora_rank=cfg.model.lora_rank,
                  micro_tokens=min(micro, rows * row), rollout_rows=rows, rollout_tokens=row,
                  checkpointing=cfg.model.activation_checkpointing, compute_bytes=bf16[cfg.model.compute_dtype],
-                 shards=world_size)  # fmt: skip
+                 shards=world_size, engine_copy_bytes=shape.params * bf16[cfg.model.dtype] if copy else 0)  # fmt: skip
 
 
 def alternatives(cfg: Config) -> list[tuple[str, Config]]:
@@ -74,6 +76,9 @@ def alternatives(cfg: Config) -> list[tuple[str, Config]]:
     out = []
     if m.lora_rank == 0:
         out.append(("--model.lora-rank 16", dataclasses.replace(cfg, model=dataclasses.replace(m, lora_rank=16))))
+    elif cfg.rollout.lora_merged_copy:
+        off = dataclasses.replace(cfg.rollout, lora_merged_copy=False)
+        out.append(("--rollout.no-lora-merged-copy", dataclasses.replace(cfg, rollout=off)))
     if m.dtype == "float32":
         out.append(("--model.dtype bfloat16", dataclasses.replace(cfg, model=dataclasses.replace(m, dtype="bfloat16"))))
     if not m.activation_checkpointing:

@@ -183,9 +183,9 @@ def build_engine(cfg: Config, model: Any, tokenizer: Any, dist: Any) -> Any:
 
     native, one process: the sampler runs the trained module itself (nothing to sync); with LoRA, a
     plain copy of the base into which each push loads the merged weights (decoding then costs what the
-    base model's does, instead of peft's unmerged products in every step, off the lean decode step),
-    except with --rollout.exact: merged weights multiply otherwise than the trainer, so it samples the
-    trained module, adapters unmerged.
+    base model's does, instead of the adapters' own products in every step), except with --rollout.exact
+    (merged weights multiply otherwise than the trainer) or --rollout.no-lora-merged-copy (no second copy
+    of the weights): then it samples the trained module, adapters unmerged.
     native with `model` sharded (FSDP2, tp): an unsharded copy per rank (ranks decode different numbers of steps, so a
     sharded module, whose forward is a collective, cannot sample); `sync_weights` refreshes it.
     vllm: `vllm.LLM` in this process (one per rank), started from the model directory (a built-in
@@ -199,7 +199,7 @@ def build_engine(cfg: Config, model: Any, tokenizer: Any, dist: Any) -> Any:
 
         if model_mesh(model) is not None:
             model = build_engine_copy(cfg, dist)
-        elif cfg.model.lora_rank > 0 and not cfg.rollout.exact:  # the merged weights (exact: the adapters as trained)
+        elif cfg.model.lora_rank > 0 and cfg.rollout.lora_merged_copy and not cfg.rollout.exact:  # the merged weights
             model = _load(cfg, dist).eval()  # (pushes merge W + scale B A into it; the trained module keeps
             # its adapters unmerged, so merging never rounds the base weights the optimizer sees)
         # each rank its own stream for unseeded sampling (the gateway's): the same seed gave every rank the same noise
