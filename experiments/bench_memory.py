@@ -58,9 +58,11 @@ VARIANTS = {
     "smollm2/bf16": ["--model.dtype", "bfloat16"],
     "smollm2/bf16-compute": ["--model.compute-dtype", "bfloat16"],
     "smollm2/lora16": ["--model.lora-rank", "16"],
+    "smollm2/lora16-no-copy": ["--model.lora-rank", "16", "--rollout.no-lora-merged-copy"],
     "smollm2/vllm": ["--rollout.engine", "vllm"],
     "qwen0.5b/default": [],
     "qwen1.5b/lora16": ["--model.lora-rank", "16"],
+    "qwen1.5b/lora16-no-copy": ["--model.lora-rank", "16", "--rollout.no-lora-merged-copy"],
 }
 
 

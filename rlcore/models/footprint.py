@@ -4,7 +4,7 @@
     est = estimate(shape, Setup(dtype_bytes=4, lora_rank=0, micro_tokens=512, rollout_rows=64,
                                 rollout_tokens=560, checkpointing=False))
     est.peak, est.parts                                          # bytes; {"weights": ..., "activations": ...}
-    tokens = micro_tokens_within(shape, budget=256 * 2**20, dtype_bytes=4, checkpointing=False)
+    tokens = micro_tokens_within(shape, budget=2 * 2**30, compute_bytes=4, checkpointing=False)
 
 The parts, each a formula of the config (the numbers are from issue 61's measurements on SmolLM2-135M):
 - weights: every parameter at the parameter dtype;
@@ -13,8 +13,9 @@ The parts, each a formula of the config (the numbers are from issue 61's measure
 - optimizer: AdamW's two moments, float32 or the parameter dtype, 8 or 4 bytes per trained parameter;
 - activations: the tensors a micro-batch's forward saves for backward, per token and layer
   `ACTIVATION_WIDTHS` hidden and MLP widths of the compute dtype (HF Llama/Qwen2 with sdpa: two RMSNorms
-  save 3 x hidden each, RoPE and attention about 4 x hidden, the MLP 4 x its width; measured 1.6 MB per
-  token on SmolLM2 against 1.55 MB here). With activation checkpointing a layer keeps its input only, and
+  save 3 x hidden each, RoPE and attention about 4 x hidden, the MLP 4 x its width; on SmolLM2 the saved
+  tensors measured 1.7 MB per fed token, `actor/saved_tensors_mb_max`, against 1.8 MB by this formula
+  without the logits' gradient). With activation checkpointing a layer keeps its input only, and
   one layer at a time is recomputed;
 - logits: the micro-batch's logits and their gradient in the compute dtype, 2 x vocabulary x 4 bytes per
   token (x 2 in bf16; the log-softmax works on chunks of positions in float32);
@@ -36,8 +37,6 @@ PROCESS_BYTES = 700 * 2**20
 """The process before any model: Python, torch, the tokenizer and data (measured 0.6-0.7 GiB RSS)."""
 ACTIVATION_WIDTHS = (13.0, 4.0)
 """Saved values per token and layer: this many hidden widths, plus this many MLP widths."""
-LORA_LINEARS = 7
-"""Linear layers LoRA wraps per decoder layer by default (q, k, v, o, gate, up, down)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,10 +55,10 @@ class Shape:
     @staticmethod
     def of(config: Any) -> Shape:
         """The shape of a Hugging Face config; parameters counted on the meta device (exact, no memory)."""
-        from transformers import AutoModelForCausalLM
+        from rlcore.models.policy import auto_class
 
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
+            model = auto_class(config).from_config(config)
         text = config.get_text_config()
         heads = text.num_attention_heads
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads

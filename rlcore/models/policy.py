@@ -180,7 +180,7 @@ def load_vision(path: str, tokenizer: Any = None) -> VisionProcessor | None:
         raise ValueError(f"model path {path!r}: cannot load its image processor ({_first_line(e)})") from None
 
 
-def _auto_class(config: PretrainedConfig) -> Any:
+def auto_class(config: PretrainedConfig) -> Any:
     """The Auto class whose model a config makes: image-text-to-text for a vision-language family."""
     return AutoModelForImageTextToText if is_vision_config(config) else AutoModelForCausalLM
 
@@ -205,17 +205,17 @@ def load_model(path: str, *, dtype: torch.dtype = torch.float32, seed: int = 0) 
         weights = WEIGHTS_DIR / name
         config = builtin_config(name, tokenizer)
         if (weights / "config.json").is_file():
-            model = _auto_class(config).from_pretrained(weights, dtype=dtype, local_files_only=True)
+            model = auto_class(config).from_pretrained(weights, dtype=dtype, local_files_only=True)
         else:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
-                model = _auto_class(config).from_config(config)
+                model = auto_class(config).from_config(config)
             model = model.to(dtype)
         return model.eval()
     directory = _directory(path)
     try:
         config = AutoConfig.from_pretrained(directory, local_files_only=True)
-        model = _auto_class(config).from_pretrained(directory, dtype=dtype, local_files_only=True)
+        model = auto_class(config).from_pretrained(directory, dtype=dtype, local_files_only=True)
     except (OSError, ValueError, KeyError) as e:
         raise ValueError(f"model path {path!r}: cannot load the model ({_first_line(e)})") from None
     return model.eval()
