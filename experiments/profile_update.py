@@ -2,6 +2,7 @@
 
     .venv/bin/python experiments/profile_update.py                       # SmolLM2-135M, fp32 then bf16
     .venv/bin/python experiments/profile_update.py --dtype bfloat16
+    .venv/bin/python experiments/profile_update.py --dtype float32 --lora 16
 
 Runs `train.py grpo` in this process (GRPO 8 prompts x 8 samples, 48 tokens, 2 steps) with the second step's
 update (`rlcore.update.update_step`) under torch.profiler, and prints its self CPU time by op group: the
@@ -42,7 +43,7 @@ def group_of(name: str) -> str:
     return "elementwise, norms, other"
 
 
-def profile(model: str, dtype: str) -> None:
+def profile(model: str, dtype: str, lora: int) -> None:
     import train
     from rlcore.trainer import learn
 
@@ -59,13 +60,13 @@ def profile(model: str, dtype: str) -> None:
         by_group: dict[str, float] = collections.defaultdict(float)
         for e in events:
             by_group[group_of(e.key)] += e.self_cpu_time_total
-        print(f"### {dtype}: the update's self CPU time {total / 1e6:.1f} s (profiled)")
+        print(f"### {dtype}{f', LoRA rank {lora}' if lora else ''}: the update's self CPU time {total / 1e6:.1f} s (profiled)")
         print("| group | s | share |\n|---|---|---|")
         for group, t in sorted(by_group.items(), key=lambda kv: -kv[1]):
             print(f"| {group} | {t / 1e6:.2f} | {100 * t / total:.0f}% |")
-        print("| top op | s | share |\n|---|---|---|")
+        print("| top op | s | share | calls |\n|---|---|---|---|")
         for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:10]:
-            print(f"| {e.key} | {e.self_cpu_time_total / 1e6:.2f} | {100 * e.self_cpu_time_total / total:.0f}% |")
+            print(f"| {e.key} | {e.self_cpu_time_total / 1e6:.2f} | {100 * e.self_cpu_time_total / total:.0f}% | {e.count} |")
         return out
 
     learn.update_step = profiled
@@ -74,7 +75,7 @@ def profile(model: str, dtype: str) -> None:
             code = train.main(["grpo", "--model.path", model, "--model.dtype", dtype, "--data.batch-size", "8",
                                "--rollout.n", "8", "--rollout.max-tokens", "48", "--trainer.steps", "2",
                                "--trainer.val-every", "0", "--data.builtin-val-size", "8", "--log.no-progress",
-                               "--out-dir", out])  # fmt: skip
+                               "--model.lora-rank", str(lora), "--out-dir", out])  # fmt: skip
     finally:
         learn.update_step = original
     assert code == 0, code
@@ -84,6 +85,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtype", action="append", choices=["float32", "bfloat16"], default=[])
     parser.add_argument("--model", default=None, help="a model path (default: SmolLM2-135M's GGUF file)")
+    parser.add_argument("--lora", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
     args = parser.parse_args()
     from tests.real_model import smollm2_gguf
 
@@ -91,7 +93,7 @@ def main() -> None:
     print(f"## profile_update, {datetime.date.today()}: {lscpu_model()} ({torch.backends.cpu.get_cpu_capability()}, "
           f"{torch.get_num_threads()} threads); {model}")  # fmt: skip
     for dtype in args.dtype or ["float32", "bfloat16"]:
-        profile(model, dtype)
+        profile(model, dtype, args.lora)
 
 
 if __name__ == "__main__":

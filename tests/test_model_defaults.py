@@ -68,6 +68,8 @@ def test_the_readme_qwen_example_resolves_to_the_pretrained_defaults(qwen_dir, t
     assert defaulted(cfg) == {"optim.lr": 1e-6, "critic.lr": 1e-5, "rollout.max_tokens": 512,
                               "algo.max_tokens_per_micro_batch": 2048 * 2**20 // per_token}  # fmt: skip
     assert resolved.algo.max_tokens_per_micro_batch == 511
+    rows = parse(["grpo", *example, "--algo.micro-batch-size", "8"])  # rows the user chose win
+    assert "algo.max_tokens_per_micro_batch" not in defaulted(rows) and resolve(rows).algo.max_tokens_per_micro_batch is None
     validate(resolved)
     check_mesh(resolved)  # reads the directory's config.json
     check_context(resolved, {"--data.train-files": [200]})  # 200 + 512 within 32768 positions

@@ -111,13 +111,20 @@ def _plain_modules(model: torch.nn.Module) -> str | None:
         if type(module) is not torch.nn.Linear:
             return f"a projection is a {type(module).__name__}, not a plain torch.nn.Linear"
     for module in [*linears, *norms, base.embed_tokens, *base.layers]:
-        if module._forward_hooks or module._forward_pre_hooks:
+        hooks = [h for h in module._forward_hooks.values() if not _marks_grad(h)]
+        if hooks or module._forward_pre_hooks:
             return f"{type(module).__name__} has forward hooks"
     if type(base.embed_tokens) is not torch.nn.Embedding:
         return f"the embedding is a {type(base.embed_tokens).__name__}"
     if any(not type(n).__name__.endswith("RMSNorm") for n in norms):
         return "a norm is not an RMSNorm"
     return None
+
+
+def _marks_grad(hook: object) -> bool:
+    """Transformers' `enable_input_require_grads` hook (activation checkpointing adds it to the embedding):
+    it marks the output as requiring grad and changes no value, so the step may run without it."""
+    return getattr(hook, "__name__", None) == "make_inputs_require_grads"
 
 
 def is_lora(module: torch.nn.Module) -> bool:

@@ -23,8 +23,9 @@ Why the pretrained values (sources read for issue 56):
 - DAPO's overlong buffer as a share of the response length, 20%: the DAPO paper (Yu et al. 2025) and
   verl's recipe penalise the last 4096 of 20480 tokens. The built-in models keep 4 tokens (of 12).
 - micro-batches by a token budget (`MICRO_BATCH_MIB`, issue 61): a pretrained model's update in one
-  micro-batch of rows holds every token's activations at once (measured 1.6 MB per token on SmolLM2-135M,
-  so 8.6 GiB for GRPO 8 x 8 at 4.3x the optimizer floor); the budget is read from the model's config.
+  micro-batch of rows holds every token's activations at once (measured 1.7 MB per fed token on
+  SmolLM2-135M, 5.2 GiB for GRPO 8 x 8, the update at 4.3x the optimizer floor); the budget is read from
+  the model's config. A --algo.micro-batch-size the user gives keeps micro-batches of rows.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from configs import Config, ConfigError
+from configs import AlgoConfig, Config, ConfigError
 from rlcore.models.policy import BUILTIN_PREFIX
 
 Kind = Literal["builtin", "pretrained"]
@@ -61,10 +62,10 @@ class KindDefaults:
 
 
 MICRO_BATCH_MIB = 2048
-"""A pretrained model's micro-batch budget (issue 61, experiments/README.md "memory"). SmolLM2-135M, GRPO
-8 x 8, 48 tokens: one micro-batch of rows peaks at 4.3x the optimizer floor; this budget (1,057 tokens)
-at 2.1x for 8% more update time; 256 tokens at 1.7x for 60% more (the prompts of a group are no longer
-shared and the products shrink). Qwen2.5-0.5B's shape gets 511 tokens."""
+"""A pretrained model's micro-batch budget (issue 61, experiments/README.md "Memory at real sizes").
+SmolLM2-135M, GRPO 8 x 8, 48 tokens: one micro-batch of rows peaks at 4.29x the optimizer floor, 49.1 s a
+step; this budget (1,058 tokens) at 2.06x, 45.2 s; 256 tokens at 1.65x, 54.6 s (the prompts of a group
+are no longer shared and the products shrink). Qwen2.5-0.5B's shape gets 511 tokens: 1.22x its floor."""
 
 DEFAULTS: dict[Kind, KindDefaults] = {
     "builtin": KindDefaults(
@@ -123,7 +124,8 @@ def defaulted(cfg: Config) -> dict[str, Any]:
         max_tokens = values["rollout.max_tokens"] = d.max_tokens
     if cfg.reward.overlong_buffer_length is None:
         values["reward.overlong_buffer_length"] = overlong_buffer(d, max_tokens)
-    if cfg.algo.max_tokens_per_micro_batch is None and d.micro_batch_mib is not None:
+    rows_given = cfg.algo.micro_batch_size != AlgoConfig.micro_batch_size  # the user chose rows: they win
+    if cfg.algo.max_tokens_per_micro_batch is None and d.micro_batch_mib is not None and not rows_given:
         tokens = micro_batch_tokens(cfg, d.micro_batch_mib * 2**20)
         if tokens is not None:
             values["algo.max_tokens_per_micro_batch"] = tokens

@@ -3,7 +3,8 @@
     check_fits(cfg, world_size=2, on_cpu=True, prompt_tokens=212)   # before any weights load: one line, or nothing
 
 The estimate is `rlcore.models.footprint`'s, from the model's config.json, the run's flags (dtype, LoRA,
-checkpointing, the micro-batch, the rollout batch) and the longest kept prompt (so it runs once the prompts
+checkpointing, the micro-batch, the rollout batch, the engine: vLLM's own weights and its
+`VLLM_CPU_KVCACHE_SPACE`) and the longest kept prompt (so it runs once the prompts
 are tokenized). The limit is the memory this process can still get:
 the kernel's available memory (MemAvailable) plus what the process holds already, within a cgroup's limit
 when one is set, shared by the ranks on this host. A refusal names the estimate and its largest parts, the
@@ -66,12 +67,15 @@ def setup_of(cfg: Config, shape: Shape, world_size: int, prompt_tokens: int) -> 
     micro = a.max_tokens_per_micro_batch or a.micro_batch_size * row
     rows = -(-cfg.data.batch_size * r.n // world_size)
     bf16 = {"float32": 4, "bfloat16": 2}
-    native = r.engine == "native" and cfg.pipeline.placement == "colocate"
-    copy = native and (world_size > 1 or (cfg.model.lora_rank > 0 and r.lora_merged_copy and not r.exact))
+    native = r.engine == "native"
+    lora_copy = cfg.model.lora_rank > 0 and r.lora_merged_copy and not r.exact
+    copy = not native or world_size > 1 or lora_copy  # vLLM holds its own weights too
+    vllm_kv = 0 if native else int(float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")) * GIB)  # rlcore's default
     return Setup(dtype_bytes=bf16[cfg.model.dtype], lora_rank=cfg.model.lora_rank,
                  micro_tokens=min(micro, rows * row), rollout_rows=rows, rollout_tokens=row,
                  checkpointing=cfg.model.activation_checkpointing, compute_bytes=bf16[cfg.model.compute_dtype],
-                 shards=world_size, engine_copy_bytes=shape.params * bf16[cfg.model.dtype] if copy else 0)  # fmt: skip
+                 shards=world_size, engine_copy=native,
+                 engine_copy_bytes=(shape.params * bf16[cfg.model.dtype] if copy else 0) + vllm_kv)  # fmt: skip
 
 
 def alternatives(cfg: Config) -> list[tuple[str, Config]]:

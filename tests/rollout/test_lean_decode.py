@@ -331,3 +331,18 @@ def test_compiled_lean_step_samples_as_the_eager_one():
     assert counters["stats"]["unique_graphs"] - before <= 2
     assert torch.equal(compiled["responses"], eager["responses"])
     torch.testing.assert_close(compiled["rollout_logprobs"], eager["rollout_logprobs"], rtol=0, atol=1e-5)
+
+
+def test_activation_checkpointing_keeps_the_lean_step():
+    """--model.activation-checkpointing adds transformers' `make_inputs_require_grads` hook to the embedding,
+    which changes no value: the lean step still runs the model (it fell back to the Hugging Face step, a
+    2.4x slower SmolLM2 rollout, issue 61)."""
+    from rlcore.dist.fsdp import apply_activation_checkpointing
+
+    model = build("llama")
+    apply_activation_checkpointing(model)
+    assert model.model.embed_tokens._forward_hooks  # the hook is there
+    assert unsupported(model) is None
+    assert NativeEngine(model, Tok())._lean is not None
+    model.model.embed_tokens.register_forward_hook(lambda module, args, out: out * 2)  # any other hook: refused
+    assert unsupported(model) == "Embedding has forward hooks"
