@@ -1,7 +1,7 @@
 """Whether bf16 pays on this CPU, and the one line a run that asks for it where it does not prints at start-up.
 
     bf16_units(flags, cap)            # "amx", "avx512_bf16" or "none": the bf16 units oneDNN may use here
-    line = slow_bf16_line(cfg, on_cpu=True)   # None, or one line for stderr
+    line = slow_bf16_line(cfg, on_cpu=True, units=bf16_units(cpu_flags()))   # None, or one line
 
 Measured on 2 threads, 2048^3 products (issue 61): a Xeon with AMX, fp32 105-113 GFLOP/s and bf16 553 with
 AMX tiles, 65 with oneDNN capped at AVX512_CORE_BF16; an AMD EPYC with AVX512-BF16 and no AMX, fp32 178
@@ -18,7 +18,6 @@ from typing import Literal
 from configs import Config
 
 Units = Literal["amx", "avx512_bf16", "none"]
-
 
 
 def bf16_units(flags: set[str], onednn_cap: str | None = None) -> Units:
