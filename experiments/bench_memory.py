@@ -8,7 +8,7 @@ Each variant is one `train.py grpo` process on the reverse task (`--trainer.step
 resident memory sampled every 20 ms over the whole process tree (a vLLM engine's own processes included).
 Printed per variant: the tree's peak, the trainer's `perf/max_memory_mb` and its update-phase peak, the floor
 (16 bytes per trained parameter for full fine-tuning; for LoRA the frozen weights' bytes plus 16 per adapter
-parameter) and the ratio, the parts the run logs (`perf/mem/*`, `actor/saved_tensors_mb_max`), the
+parameter) and the ratio, the parts the run logs (`perf/mem/*`, `perf/mem/saved_tensors_mb`), the
 estimate `rlcore.models.footprint` makes before loading, and the last step's time beside its FLOP floor
 (6 x parameters x trained tokens + 2 x parameters x sampled tokens over the matmul peak measured here).
 
@@ -182,7 +182,7 @@ def main() -> None:
         floor_s = flops / (peak_gflops * 1e9)
         print(f"| {name} | {r['tree_peak_mb']:.0f} | {last['perf/max_memory_mb']:.0f} | "
               f"{last.get('perf/mem/update_peak_mb', float('nan')):.0f} | {floor:.0f} | "
-              f"{r['tree_peak_mb'] / floor:.2f} | {est:.0f} | {last.get('actor/saved_tensors_mb_max', float('nan')):.0f} | "
+              f"{r['tree_peak_mb'] / floor:.2f} | {est:.0f} | {last.get('perf/mem/saved_tensors_mb', float('nan')):.0f} | "
               f"{r['config']['algo']['max_tokens_per_micro_batch']} | {last['timing/step_s']:.1f} | "
               f"{last['timing/update_s']:.1f} | {last['timing/rollout_s']:.1f} | {floor_s:.1f} | "
               f"{100 * floor_s / last['timing/step_s']:.0f}% |", flush=True)  # fmt: skip

@@ -252,9 +252,8 @@ def _one_update(
     total = torch.zeros((), dtype=torch.float32, device=kept.device)
     for i, (micro, _) in enumerate(pieces):
         set_gradient_sync(model, i == len(pieces) - 1)  # reduce across ranks after the last one only
-        with SavedBytes(model) as saved:
+        with SavedBytes(model):  # the activations it saves, for perf/mem/saved_tensors_mb
             loss, metrics = micro_loss(model, micro, norms)
-        metrics[f"{prefix}/saved_tensors_mb_max"] = torch.tensor(saved.total / 2**20, device=kept.device)
         loss.backward()
         total = total + loss.detach()
         _accumulate(sums, metrics)

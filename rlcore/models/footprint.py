@@ -14,7 +14,7 @@ The parts, each a formula of the config (the numbers are from issue 61's measure
 - activations: the tensors a micro-batch's forward saves for backward, per token and layer
   `ACTIVATION_WIDTHS` hidden and MLP widths of the compute dtype (HF Llama/Qwen2 with sdpa: two RMSNorms
   save 3 x hidden each, RoPE and attention about 4 x hidden, the MLP 4 x its width; on SmolLM2 the saved
-  tensors measured 1.7 MB per fed token, `actor/saved_tensors_mb_max`, against 1.8 MB by this formula
+  tensors measured 1.7 MB per fed token, `perf/mem/saved_tensors_mb`, against 1.8 MB by this formula
   without the logits' gradient). With activation checkpointing a layer keeps its input only, and
   one layer at a time is recomputed;
 - logits: the micro-batch's logits and their gradient in the compute dtype, 2 x vocabulary x 4 bytes per
@@ -156,18 +156,15 @@ class SavedBytes:
 
     def __init__(self, model: torch.nn.Module) -> None:
         local = (getattr(p, "_local_tensor", p) for p in model.parameters())  # a DTensor's shard
-        self._seen = {t.untyped_storage().data_ptr() for t in local if t.device.type != "meta"}
+        self._seen = {ptr for ptr in map(_storage_ptr, local) if ptr is not None}
         self.total = 0
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        try:
-            storage = t.untyped_storage()
-        except (RuntimeError, NotImplementedError):  # a tensor subclass without one storage
-            return t
-        if storage.data_ptr() not in self._seen:
-            self._seen.add(storage.data_ptr())
-            self.total += storage.nbytes()
+        ptr = _storage_ptr(t)
+        if ptr is not None and ptr not in self._seen:
+            self._seen.add(ptr)
+            self.total += t.untyped_storage().nbytes()
         return t
 
     def __enter__(self) -> SavedBytes:
@@ -176,3 +173,23 @@ class SavedBytes:
 
     def __exit__(self, *exc: object) -> None:
         self._hooks.__exit__(*exc)
+        _LARGEST[0] = max(_LARGEST[0], self.total)
+
+
+_LARGEST = [0]  # bytes: the largest `SavedBytes` block since `take_largest_saved`
+
+
+def take_largest_saved() -> int:
+    """The most bytes any `SavedBytes` block measured since the last call (the largest micro-batch's), then 0."""
+    out, _LARGEST[0] = _LARGEST[0], 0
+    return out
+
+
+def _storage_ptr(t: torch.Tensor) -> int | None:
+    """Where `t`'s storage lives, or None for a tensor without a plain one (meta, a subclass, a freed one)."""
+    if t.device.type == "meta":
+        return None
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None

@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from rlcore.models.footprint import take_largest_saved
 from rlcore.trainer import memory
 from rlcore.trainer.errors import StopRun
 
@@ -165,6 +166,9 @@ def memory_metrics() -> dict[str, float]:
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux (bytes on macOS)
     peak = max(peak_kb / (2**20 if sys.platform == "darwin" else 1024), memory.peak_mb() or 0.0)
     metrics = {"perf/max_memory_mb": peak} | memory.take_phase_peaks() | memory.process_mb()
+    saved = take_largest_saved()
+    if saved:
+        metrics["perf/mem/saved_tensors_mb"] = saved / 2**20
     slack = memory.allocator_slack_mb()
     if slack is not None:
         metrics["perf/mem/slack_mb"] = slack

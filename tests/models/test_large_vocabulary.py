@@ -54,6 +54,6 @@ def test_a_step_trains_and_its_samples_are_written(wide, tmp_path):
     ok(proc)
     record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert record["step"] == 1 and record["response/length_mean"] > 0  # (a random model scores 0: no gradient)
-    assert math.isfinite(record["actor/pg_loss"]) and record["actor/saved_tensors_mb_max"] > 0
+    assert math.isfinite(record["actor/pg_loss"]) and record["perf/mem/saved_tensors_mb"] > 0
     samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert samples and all(isinstance(s["response"], str) for s in samples)
