@@ -390,6 +390,12 @@ class TrainerConfig:
     line naming the rank that stalled; 0 turns it off."""
     profile_steps: str = ""
     """A:B writes a torch.profiler Chrome trace of steps A to B per rank to out_dir/profile/ ("": off)."""
+    freed_memory: Literal["keep", "trim", "unmap"] = "keep"
+    """How memory the trainer frees goes back to the kernel (glibc). keep: glibc's default, the heap keeps
+    freed blocks for reuse (the fastest; on SmolLM2-135M GRPO 2.9 GiB resident between phases). trim: each
+    phase's end gives the free pages back (2.1 GiB between phases, 8-17% slower steps: the next phase
+    faults them in again). unmap: blocks of 1 MiB or more are unmapped as soon as they are freed (the
+    lowest peak, 7% below keep's, 16-24% slower steps). docs/memory.md."""
     memory_check: bool = True
     """Refuse, before any weights load, a CPU run whose estimated peak memory (the model's config, dtype,
     LoRA, checkpointing, micro-batch and rollout batch) exceeds what the process can have, in one line
@@ -454,6 +460,13 @@ class PipelineConfig:
     On CPU, decoding is overhead-bound (one thread is about as fast as two) while the update scales."""
     trainer_threads: int = 0
     """Split placement: torch CPU threads of each trainer rank (0: torch's default, OMP_NUM_THREADS)."""
+    push: Literal["full", "delta"] = "full"
+    """Split placement's weight push after every step. full: every tensor whole. delta (lag mode): per
+    tensor the XOR of its bytes against the rollout ranks' copy, compressed, with a checksum of every
+    tensor (one that disagrees anywhere sends everything whole). Costs a CPU copy of the pushed weights on
+    the trainer leader and on each rollout rank, and encoding time; pays when the push's bytes dominate
+    the pause between steps (many GB over a slow link) and few bits change per step (bf16 weights at
+    small learning rates; fp32 weights change in nearly every element and compress less)."""
 
 
 @dataclass(frozen=True, kw_only=True)

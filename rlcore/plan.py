@@ -13,6 +13,7 @@ plan by hand; `rlcore.trainer.algorithm.bind(cfg)` builds both from the command 
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 import torch
 
@@ -102,6 +103,9 @@ class Schedule:
     """Checkpoints kept (0: all)."""
     sync_bucket_bytes: int = 1
     """The weight push's bucket size in bytes (at least 1: one tensor per bucket)."""
+    push: Literal["full", "delta"] = "full"
+    """Split placement's weight pushes: every tensor whole, or per tensor what changed since the rollout
+    ranks' copy (rlcore.dist.delta; lag mode)."""
 
     def val_due(self, step: int) -> bool:
         """Whether the run validates after `step` (0: before the first step)."""

@@ -182,6 +182,8 @@ def mini_batches(batch: Batch, mini_batch_size: int | None, mesh: DeviceMesh | N
     return [batch[a:b] for a, b in itertools.pairwise(bounds)]
 
 
+SAVED_KEY = "perf/mem/saved_tensors_mb"
+"""The update's memory metric: the most bytes one micro-batch saved for backward, MiB (this rank's)."""
 MAX_SUFFIX = "_max"
 """Metrics whose name ends so are maxima (over micro-batches, updates and ranks), not averages."""
 
@@ -233,8 +235,9 @@ def grad_norm(model: nn.Module, grad_clip: float) -> Tensor:
 def _one_update(
     state: ModelState, mini: Batch, micro_loss: MicroLoss, plan: UpdatePlan, mesh: DeviceMesh | None,
     horizon: int, prefix: str, fresh: bool = False,
-) -> tuple[bool, dict[str, Tensor]]:  # fmt: skip
-    """Accumulate the mini-batch's gradient over micro-batches and step; (stepped?, metric sums).
+) -> tuple[bool, dict[str, Tensor], int]:  # fmt: skip
+    """Accumulate the mini-batch's gradient over micro-batches and step; (stepped?, metric sums, the bytes
+    the largest micro-batch saved for backward).
     `fresh`: the call's first update (the weights are still those the batch's old log-probs are of).
 
     The step is skipped on every rank when the loss is non-finite on any rank or the gradient norm is.
@@ -250,10 +253,12 @@ def _one_update(
     )
     sums: dict[str, Tensor] = {}
     total = torch.zeros((), dtype=torch.float32, device=kept.device)
+    largest = 0
     for i, (micro, _) in enumerate(pieces):
         set_gradient_sync(model, i == len(pieces) - 1)  # reduce across ranks after the last one only
-        with SavedBytes(model):  # the activations it saves, for perf/mem/saved_tensors_mb
+        with SavedBytes(model) as saved:  # the activations it saves, for perf/mem/saved_tensors_mb
             loss, metrics = micro_loss(model, micro, norms)
+        largest = max(largest, saved.total)
         loss.backward()
         total = total + loss.detach()
         _accumulate(sums, metrics)
@@ -267,7 +272,7 @@ def _one_update(
         warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
         state.scheduler.step()
     sums = {k: v.float().cpu() for k, v in sums.items()}
-    return ok, sums | {f"{prefix}/grad_norm": norm.detach().float().cpu()}
+    return ok, sums | {f"{prefix}/grad_norm": norm.detach().float().cpu()}, largest
 
 
 def run_updates(
@@ -287,7 +292,9 @@ def run_updates(
     non-finite loss or gradient on any rank skipped on every rank and counted, and the metrics
     reduced over updates and ranks in one collective. Metrics: the micro-loss's sums averaged over
     the updates that stepped (NaN when none did; `*_max` keys: maxima), `<prefix>/grad_norm`
-    (before clipping), `<prefix>/lr` of the last update, `<prefix>/bad_updates` skipped in this call.
+    (before clipping), `<prefix>/lr` of the last update, `<prefix>/bad_updates` skipped in this call, and
+    `perf/mem/saved_tensors_mb`: the most a micro-batch's forward saved for backward on this rank (a
+    memory measure, not reduced: `rlcore.models.footprint.SavedBytes`).
     """
     mesh = mesh if mesh is not None else model_mesh(state.model)
     minis = mini_batches(batch, plan.mini_batch_size, mesh)
@@ -295,14 +302,15 @@ def run_updates(
     state.model.train()
     summed: dict[str, Tensor] = {}
     keys: set[str] = set()
-    good = bad = 0
+    good = bad = saved = 0
     lr = float("nan")
     consecutive = state.bad_updates
     try:
         for index, mini in enumerate([m for _ in range(plan.ppo_epochs) for m in minis]):
             lr = state.optimizer.param_groups[0]["lr"]  # the lr this update uses
-            ok, sums = _one_update(state, mini, micro_loss, plan, mesh, horizon, prefix, fresh=index == 0)
+            ok, sums, largest = _one_update(state, mini, micro_loss, plan, mesh, horizon, prefix, fresh=index == 0)
             keys |= sums.keys()
+            saved = max(saved, largest)
             if not ok:
                 bad, consecutive = bad + 1, consecutive + 1
                 continue
@@ -314,7 +322,7 @@ def run_updates(
         if tap is not None:  # a replay stays set through each backward (recompute); not past the updates
             tap.set_replay(None)
     metrics = dict.fromkeys(sorted(keys), float("nan")) | _finish_metrics(summed, good, mesh, prefix)
-    metrics |= {f"{prefix}/lr": float(lr), f"{prefix}/bad_updates": float(bad)}
+    metrics |= {f"{prefix}/lr": float(lr), f"{prefix}/bad_updates": float(bad), SAVED_KEY: saved / 2**20}
     return dataclasses.replace(state, step=state.step + 1, bad_updates=consecutive), metrics
 
 

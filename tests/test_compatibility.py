@@ -37,6 +37,7 @@ ASK = {
     "stream": lambda c: _part(c, "pipeline", mode="stream"),
     "lag": lambda c: _part(c, "pipeline", mode="lag"),
     "partial": lambda c: _part(c, "pipeline", partial_rollout=True),
+    "delta": lambda c: _part(c, "pipeline", push="delta"),
 }
 """A config change asking for each feature."""
 

@@ -57,28 +57,31 @@ def test_each_phase_gets_its_own_peak_and_the_outer_one_keeps_the_inner():
 FRAGMENT = """
 import sys, torch
 from rlcore.trainer import memory
-if sys.argv[1] == "fixed":
-    assert memory.return_freed_memory()
+assert memory.return_freed_memory(sys.argv[1])
 for _ in range(3):  # freeing mapped 24 MiB blocks raises glibc's dynamic threshold past them
     del_me = torch.ones(24 * 2**18); del del_me
 blocks = [torch.ones(8 * 2**18) for _ in range(80)]  # 80 x 8 MiB
 def rss(): return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
 before = rss()
-del blocks[::2]  # 40 holes of 8 MiB between live blocks: the heap cannot shrink past them
-print(before - rss())
+with memory.phase_peak("update"):
+    del blocks[::2]  # 40 holes of 8 MiB between live blocks: the heap cannot shrink past them
+    inside = before - rss()
+print(inside, before - rss())
 """
 
 
 def test_freed_memory_goes_back_to_the_kernel():
-    """Without the fixed threshold the 320 MiB freed between live blocks stays resident (glibc keeps it);
-    with it, each block was mapped on its own and is unmapped when freed."""
+    """--trainer.freed-memory: with glibc's default ("keep") the 320 MiB freed between live blocks stays
+    resident; "unmap" mapped each block on its own and unmaps it when freed, at once; "trim" keeps it for
+    reuse inside the phase and gives it back at the phase's end."""
     freed = {}
-    for mode in ("fixed", "default"):
+    for mode in ("unmap", "trim", "keep"):
         out = subprocess.run([sys.executable, "-c", textwrap.dedent(FRAGMENT), mode], capture_output=True,
                              text=True, check=True).stdout  # fmt: skip
-        freed[mode] = float(out.split()[-1])
-    assert freed["fixed"] >= 300, freed
-    assert freed["default"] < 100, freed
+        freed[mode] = [float(x) for x in out.split()[-2:]]
+    assert freed["unmap"][0] >= 300 and freed["unmap"][1] >= 300, freed
+    assert freed["trim"][0] < 100 and freed["trim"][1] >= 300, freed
+    assert freed["keep"][1] < 100, freed
 
 
 def test_saved_bytes_counts_each_activation_once_and_no_parameter():

@@ -22,7 +22,7 @@ from rlcore.models import load_policy
 from rlcore.pure.kl import kl_estimate
 from rlcore.pure.losses import POLICY_LOSSES, aggregate, entropy
 from rlcore.pure.masks import masked_mean
-from rlcore.update import lr_factor
+from rlcore.update import SAVED_KEY, lr_factor
 from tests.configured import new_state, update
 from tests.dist.rollouts import fake_rollout, with_logprobs
 
@@ -201,7 +201,9 @@ def test_activation_checkpointing_changes_nothing_but_memory(setup):
     _, m1 = update(_state(plain), batch, algo, OPTIM, horizon=HORIZON)
     _, m2 = update(_state(checkpointed), batch, algo, OPTIM, horizon=HORIZON)
     assert checkpointed.model.layers[0].gradient_checkpointing and not checkpointed.training
+    saved = m1.pop(SAVED_KEY), m2.pop(SAVED_KEY)  # the memory the micro-batches saved for backward
     assert m1 == pytest.approx(m2, abs=1e-12)
+    assert 0 < saved[1] < saved[0] / 4, saved
     for p, q in zip(plain.parameters(), checkpointed.parameters(), strict=True):
         torch.testing.assert_close(p, q, atol=1e-12, rtol=0)
 

@@ -82,6 +82,16 @@ def _resolve_device(device: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def attempt_store() -> dist.Store:
+    """The key-value store torchrun's rendezvous gives this world (env://), its keys under a prefix of this
+    attempt (TORCHELASTIC_RESTART_COUNT). torchrun's agent keeps one store for the job and hands it to every
+    attempt, so a world restarted after a lost rank would read the addresses the dead attempt's ranks
+    published and never connect (gloo: `connectFullMesh ... Connection refused`); with the prefix each
+    attempt meets only its own ranks."""
+    store, _, _ = next(dist.rendezvous("env://"))
+    return dist.PrefixStore(f"rlcore/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
+
+
 def init_distributed(device: str = "auto") -> DistInfo:
     """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT).
 
@@ -100,11 +110,12 @@ def init_distributed(device: str = "auto") -> DistInfo:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     resolved = _resolve_device(device, local_rank)
     if world > 1:
+        store = attempt_store()
         if resolved.type == "cuda":
             torch.cuda.set_device(resolved)
-            dist.init_process_group("nccl", device_id=resolved)
+            dist.init_process_group("nccl", device_id=resolved, store=store, rank=rank, world_size=world)
         else:
-            dist.init_process_group("gloo")
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
         _CREATED.append(dist.group.WORLD)
     return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=resolved)
 

@@ -6,6 +6,8 @@
     with WeightPush(model) as push:       # a trainer rank (src)
         broadcast_weights(model, push, src=1, group=group)
     engine.load_weights(receive_weights(src=1, group=group))   # each rollout rank: one engine update
+    sent = broadcast_delta(encode_all(new, base), new, src=1, group=group)   # delta pushes (rlcore.dist.delta)
+    tensors, fallbacks = receive_delta(mirror, src=1, group=group)           # each rollout rank
 
 A batch travels as a JSON header (field names, dtypes, shapes, the per-row non-tensor values and the
 meta dict, which must be JSON-able: strings, numbers, lists, dicts, None) and then its tensors, each
@@ -13,10 +15,16 @@ as one send. Tensors inside the per-row values (a vision-language batch's `multi
 after them, each tensor once however many rows share it (`rows_to_json`), and arrive shared again. Tensors go over the group's device (CPU for gloo, the current CUDA device for nccl) and
 arrive on the CPU. Sends are blocking unless `async_op`: a sender that must enter a collective before
 its receiver reads (a weight push) keeps the returned works and waits on them later.
+
+A delta push is a manifest of `rlcore.dist.delta.Entry` (name, dtype, shape, encoding, payload length,
+checksum, chunk lengths), one uint8 broadcast per payload, then one all-reduce (MAX) of every receiver's
+"a checksum disagreed" flag (the sender's is 0): if any receiver disagrees, the sender broadcasts every
+tensor raw, and every receiver takes that instead. It always blocks (the sender waits for the reply).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -26,15 +34,15 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rlcore.batch import Batch
+from rlcore.dist.delta import DTYPES, Encoded, Entry, decode_all, encode_all
 from rlcore.dist.mesh import group_device
+from rlcore.dist.reduce import world_max
 from rlcore.dist.stream import unique_state
 
 StateFn = Callable[[torch.nn.Module], Iterable[tuple[str, Tensor]]]
 """Which (name, tensor) pairs of a model a push sends (rlcore.dist.stream.iter_full_state's `state`)."""
 
-_DTYPES = {str(t).removeprefix("torch."): t for t in (torch.float16, torch.bfloat16, torch.float32, torch.float64,
-                                                       torch.int8, torch.int16, torch.int32, torch.int64,
-                                                       torch.uint8, torch.bool)}  # fmt: skip
+_DTYPES = DTYPES  # the dtypes a push or a batch carries, by name
 
 
 def json_tensor(doc: Any) -> Tensor:
@@ -188,7 +196,79 @@ def receive_weights(*, src: int, group: Any = None) -> Iterator[tuple[str, Tenso
         yield name, tensor
 
 
+@dataclasses.dataclass(frozen=True)
+class DeltaSent:
+    """What one delta push sent (the sender's account)."""
+
+    bytes: int
+    """Payload bytes broadcast (a fallback's full push included)."""
+    full_bytes: int
+    """What a full push of the same tensors sends."""
+    fallbacks: int
+    """Full pushes sent because a receiver's checksum disagreed (0 or 1)."""
+
+
+def broadcast_delta(
+    records: Sequence[Encoded], new: Mapping[str, Tensor], *, src: int, group: Any = None
+) -> DeltaSent:
+    """Send a delta push from `src` to every other rank of `group` (their `receive_delta`): `records`
+    (`rlcore.dist.delta.encode_all` of `new` against the base the receivers hold), then, if any receiver's
+    checksum disagrees, `new` whole. Blocks until every receiver has replied."""
+    sent = _broadcast_records(records, src, group)
+    full = sum(r.entry.raw_bytes for r in records)
+    if not _disagreed(False, group):
+        return DeltaSent(sent, full, 0)
+    return DeltaSent(sent + _broadcast_records(encode_all(new, {}), src, group), full, 1)
+
+
+def receive_delta(
+    base: Mapping[str, Tensor], *, src: int, group: Any = None, workers: int | None = None
+) -> tuple[dict[str, Tensor], int]:
+    """(the tensors of `broadcast_delta`'s push, decoded against `base` (what this rank last received) and
+    checked; the full pushes taken: 1 where some receiver's checksum disagreed, else 0). A full push that
+    disagrees too raises: the transport itself corrupts what it carries."""
+    tensors, bad = decode_all(_received_records(src, group), base, workers=workers)
+    if not _disagreed(bool(bad), group):
+        return tensors, 0
+    tensors, still = decode_all(_received_records(src, group), {}, workers=workers)
+    if still:
+        raise RuntimeError(f"a full weight push arrived corrupted ({still[0]}): the transport is at fault")
+    return tensors, 1
+
+
+def _disagreed(mine: bool, group: Any) -> bool:
+    """Whether any rank of `group` says its checksums disagree (a collective of the whole group)."""
+    return world_max([int(mine)], group)[0] > 0
+
+
+def _broadcast_records(records: Sequence[Encoded], src: int, group: Any) -> int:
+    """A manifest of `records`, then each payload; the payload bytes sent."""
+    device = group_device(group)
+    text = json_tensor([r.entry.to_json() for r in records])
+    for piece in (torch.tensor([text.numel()], dtype=torch.int64), text):
+        dist.broadcast(piece.to(device), src, group=group)
+    for r in records:
+        if r.entry.length:
+            dist.broadcast(r.payload.to(device), src, group=group)
+    return sum(r.entry.length for r in records)
+
+
+def _received_records(src: int, group: Any) -> Iterator[tuple[Entry, Tensor]]:
+    """The (entry, payload) pairs `_broadcast_records` sends, payloads on the CPU, as they arrive."""
+    device = group_device(group)
+    size = torch.zeros(1, dtype=torch.int64, device=device)
+    dist.broadcast(size, src, group=group)
+    text = torch.zeros(int(size.item()), dtype=torch.uint8, device=device)
+    dist.broadcast(text, src, group=group)
+    for doc in tensor_json(text):
+        entry = Entry.from_json(doc)
+        payload = torch.empty(entry.length, dtype=torch.uint8, device=device)
+        if entry.length:
+            dist.broadcast(payload, src, group=group)
+        yield entry, payload.cpu()
+
+
 __all__ = [
-    "broadcast_weights", "group_device", "header", "json_tensor", "receive_weights", "recv_batch", "send_batch", "tensor_json",
-    "weight_manifest",
+    "DeltaSent", "broadcast_delta", "broadcast_weights", "group_device", "header", "json_tensor", "receive_delta",
+    "receive_weights", "recv_batch", "send_batch", "tensor_json", "weight_manifest",
 ]  # fmt: skip

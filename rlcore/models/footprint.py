@@ -173,16 +173,6 @@ class SavedBytes:
 
     def __exit__(self, *exc: object) -> None:
         self._hooks.__exit__(*exc)
-        _LARGEST[0] = max(_LARGEST[0], self.total)
-
-
-_LARGEST = [0]  # bytes: the largest `SavedBytes` block since `take_largest_saved`
-
-
-def take_largest_saved() -> int:
-    """The most bytes any `SavedBytes` block measured since the last call (the largest micro-batch's), then 0."""
-    out, _LARGEST[0] = _LARGEST[0], 0
-    return out
 
 
 def _storage_ptr(t: torch.Tensor) -> int | None:

@@ -30,6 +30,7 @@ from rlcore.tinker.futures import Futures, Result
 from rlcore.tinker.model import ServeOptions, TrainedModel, checked_name, state_extra
 from rlcore.tinker.sampling import SampleOp, run_samples
 from rlcore.tinker.wire import ForwardBackward, encode_forward_backward
+from rlcore.trainer.memory import give_back
 
 log = logging.getLogger("rlcore.tinker")
 PING_S = 30.0
@@ -115,7 +116,14 @@ class Served:
     def run(self, op: Any) -> Result | None:
         """Run a training operation on this rank: its result (rank 0's is the one answered). Under split
         placement an operation on the trained model alone runs on the trainer ranks, and the trainer leader
-        hands its result (or its failure) to rank 0 (`rlcore.tinker.split`)."""
+        hands its result (or its failure) to rank 0 (`rlcore.tinker.split`). What it freed goes back to the
+        kernel after it (`rlcore.trainer.memory.give_back`)."""
+        try:
+            return self._run(op)
+        finally:
+            give_back()
+
+    def _run(self, op: Any) -> Result | None:
         handler = _HANDLERS[type(op)]
         if not self.placement.split or not isinstance(op, _TRAINERS_ONLY):
             return handler(self, op)

@@ -43,6 +43,8 @@ class ServeArgs:
     """LoRA scale numerator: the update is B A alpha / rank."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto: cuda:<local rank> where CUDA is available, else cpu."""
+    freed_memory: Literal["keep", "trim", "unmap"] = "keep"
+    """As train.py's --trainer.freed-memory; trim gives the freed memory back after each operation."""
     rollout_ranks: int = 0
     """Split placement under torchrun: ranks 0..N-1 hold the engine (rank 0 samples), the others train; 0:
     colocated (every rank trains, rank 0 samples)."""
@@ -58,7 +60,7 @@ def serve(args: ServeArgs) -> int:
     if args.micro_batch_tokens < 0:
         print("error: --micro-batch-tokens must be 0 (automatic) or a number of tokens", file=sys.stderr)
         return 2
-    return_freed_memory()  # freed tensors go back to the kernel between requests
+    return_freed_memory(args.freed_memory)
     try:
         info = init_distributed(args.device)
     except ValueError as e:

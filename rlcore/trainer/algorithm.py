@@ -219,7 +219,7 @@ def schedule(cfg: Config) -> Schedule:
     val_every = t.val_every if cfg.data.val_files else 0
     return Schedule(steps=t.steps, max_staleness=p.max_staleness, stream=p.mode == "stream",
                     partial=p.partial_rollout, val_every=val_every, save_every=t.save_every,
-                    keep_last=t.keep_last, sync_bucket_bytes=sync_bucket_bytes(cfg))  # fmt: skip
+                    keep_last=t.keep_last, sync_bucket_bytes=sync_bucket_bytes(cfg), push=p.push)  # fmt: skip
 
 
 def sync_bucket_bytes(cfg: Config) -> int:

@@ -138,14 +138,33 @@ def _write(state: TrainState, h: Handles, root: Path) -> None:
     )
 
 
+def _agreed_latest(root: Path) -> Path | None:
+    """The newest complete checkpoint under `root`, the same on every rank (a collective): each rank lists
+    the directory itself, so ranks on nodes that do not share `--out-dir` (or see a stale listing of a
+    network filesystem) would load different steps; they stop with one line instead."""
+    from rlcore.dist.checkpoint import latest_checkpoint
+    from rlcore.dist.reduce import world_max
+
+    path = latest_checkpoint(root)
+    step = int(path.name.removeprefix("step_")) if path is not None else -1
+    newest, oldest = world_max([step, -step])
+    if newest != -oldest:
+        raise StopRun(
+            f"--resume auto: the ranks see different newest checkpoints in {root.name}/ (step {newest} on some, "
+            f"{-oldest} on others; -1: none): --out-dir must be one directory every node shares (a network "
+            "filesystem), not a path on each node's local disk"
+        )
+    return path
+
+
 def resume(state: TrainState, h: Handles, spec: str) -> TrainState:
     """The TrainState of the checkpoint `spec` (--resume) names (auto: the newest complete one; none), or
     `state` for a fresh start (whose stale metrics records, if any, are dropped)."""
-    from rlcore.dist.checkpoint import COMPLETE, latest_checkpoint
+    from rlcore.dist.checkpoint import COMPLETE
 
     path = None
     if spec != "none":
-        path = latest_checkpoint(h.out_dir / "checkpoints") if spec == "auto" else Path(spec)
+        path = _agreed_latest(h.out_dir / "checkpoints") if spec == "auto" else Path(spec)
     if path is None:  # a fresh start: records of an earlier attempt in this directory are stale
         if h.placement.writes:
             _truncate_metrics(h.out_dir / "metrics.jsonl", -1)

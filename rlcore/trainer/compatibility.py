@@ -69,6 +69,8 @@ FEATURES: dict[str, Feature] = {
                 "lag mode (the default)"),
         Feature("partial", lambda c: "--pipeline.partial-rollout" if c.pipeline.partial_rollout else None,
                 "`--pipeline.partial-rollout`"),
+        Feature("delta", lambda c: "--pipeline.push delta" if c.pipeline.push == "delta" else None,
+                "`--pipeline.push delta`"),
     )
 }  # fmt: skip
 """Every feature a clash names, by name."""
@@ -114,6 +116,11 @@ CLASHES: tuple[Clash, ...] = (
     Clash("router-replay", "sp", "sequence-parallel forwards do not replay routes; use --trainer.sp 1"),
     Clash("sp", "split", "not built (its flattened mesh axes make process groups the rollout ranks cannot join); "
           "use --trainer.tp, or colocate"),
+    Clash("delta", "stream", "a delta push waits for every rollout rank's reply (a checksum that disagrees "
+          "anywhere makes the leader send the full push), which stream mode's pushes do not wait for; use "
+          "--pipeline.mode lag or --pipeline.push full"),
+    Clash("delta", "colocated", "colocated ranks push into their own engines in memory, so nothing crosses "
+          "ranks to save; use --pipeline.placement split or --pipeline.push full"),
     Clash("stream", "colocated", "colocated ranks generate and train in turn, so there is nothing to stream; use "
           "--pipeline.placement split"),
     Clash("partial", "lag", "lag mode samples each batch with one version; use --pipeline.mode stream"),

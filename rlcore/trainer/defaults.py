@@ -136,12 +136,14 @@ def micro_batch_tokens(cfg: Config, budget: int) -> int | None:
     """The tokens a micro-batch of the run's model may hold for its saved activations and logits to take
     `budget` bytes (`rlcore.models.footprint`); None when the model's config cannot be read (loading it
     reports why)."""
-    from rlcore.models.footprint import Shape, micro_tokens_within
-    from rlcore.trainer.model_checks import model_config
+    from rlcore.models.footprint import micro_tokens_within
+    from rlcore.trainer.model_checks import model_shape
 
     try:
-        shape = Shape.of(model_config(cfg.model.path))
-    except (ConfigError, ValueError, OSError, KeyError, AttributeError):
+        shape = model_shape(cfg.model.path)
+    except (ConfigError, OSError):
+        return None
+    if shape is None:
         return None
     compute = 2 if "bfloat16" in (cfg.model.dtype, cfg.model.compute_dtype) else 4
     return micro_tokens_within(shape, budget=budget, compute_bytes=compute,

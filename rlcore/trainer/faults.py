@@ -1,8 +1,11 @@
 """Fault injection for the reliability tests, driven by environment variables (all unset: no effect).
 
     RLCORE_TEST_KILL_AT=3:update       SIGKILL this process at step 3's phase: rollout (rollout and rewards
-                                       done, nothing learned), update (optimizer stepped, nothing logged),
-                                       or save (checkpoint files written, not yet committed)
+                                       done, nothing learned; a split rollout rank: the batch generated,
+                                       not yet sent), update (optimizer stepped, nothing logged), or save
+                                       (checkpoint files written, not yet committed); `3:update:1`: only
+                                       global rank 1. Under torchrun only the first attempt dies (a world
+                                       torchrun restarts runs the step again, and must get past it)
     RLCORE_TEST_KILL_SIGNAL=SIGABRT    with RLCORE_TEST_KILL_AT: die of this signal instead (a native crash)
     RLCORE_TEST_PAUSE_IN_SAVE=60       stall every checkpoint save for 60 s before its commit
     RLCORE_TEST_SAVE_ERROR=2:1         the checkpoint save of step 2 fails on rank 1 only (disk full)
@@ -22,12 +25,16 @@
                                        watchdog stops first (as if stuck in C holding the GIL)
     RLCORE_TEST_SLOW_DECODE_S=0.2      with partial rollouts, every decode step takes 0.2 s longer (pushes
                                        then arrive while a batch is being generated)
+    RLCORE_TEST_CORRUPT_DELTA=2        with --pipeline.push delta, the trainer leader flips one payload byte of
+                                       one delta of step 2's push (after its checksum): the rollout ranks'
+                                       checksums disagree and the full push is taken (sync/delta_fallbacks)
 
 `Hooks.from_env()` is the only reader of these variables: the shell builds the hooks once
 (`Handles.hooks`) and the library receives them as a value; `Hooks()` does nothing. The run loop calls
 `kill_point` at its phase boundaries, `checkpoints.save` calls `before_commit`, `signal_in_save` from
 inside DCP's write, `learn` passes the advantages through `poison`, the weight push asks `per_bucket`,
-`collect.generate` calls `slow_rollout`, `collect.collect` calls `stall`. tests/reliability drives them.
+`collect.generate` calls `slow_rollout`, `collect.collect` calls `stall`, split placement's delta push
+passes its records through `corrupt_delta`. tests/reliability drives them.
 """
 
 from __future__ import annotations
@@ -41,9 +48,12 @@ import signal
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlcore.batch import Batch
+
+if TYPE_CHECKING:
+    from rlcore.dist.delta import Encoded
 
 PHASES = ("rollout", "update", "save")
 
@@ -58,7 +68,9 @@ class Hooks:
     """Test-only faults as a value (all defaults: none)."""
 
     kill_at: str = ""
-    """"step:phase" at which this process dies of `kill_signal`."""
+    """"step:phase" or "step:phase:rank" at which this process dies of `kill_signal`."""
+    attempt: int = 0
+    """torchrun's restart count of this process's world (TORCHELASTIC_RESTART_COUNT): kills fire in the first."""
     kill_signal: str = "SIGKILL"
     pause_in_save_s: float = 0.0
     save_error: str = ""
@@ -73,6 +85,8 @@ class Hooks:
     stall_at: str = ""
     """"rank:step:phase" in which this process sleeps for an hour."""
     stall_mute: bool = False
+    corrupt_delta_at: int = 0
+    """The step whose delta push the trainer leader corrupts (0: none)."""
     rank: int = 0
     """This process's global rank (what `save_error` names)."""
 
@@ -91,7 +105,8 @@ class Hooks:
                    slow_rollout_s=float(e.get("RLCORE_TEST_SLOW_ROLLOUT_S") or 0),
                    slow_decode_s=float(e.get("RLCORE_TEST_SLOW_DECODE_S") or 0),
                    stall_at=e.get("RLCORE_TEST_STALL", ""), stall_mute=e.get("RLCORE_TEST_STALL_MUTE") == "1",
-                   rank=int(e.get("RANK", "0")))  # fmt: skip
+                   corrupt_delta_at=int(e.get("RLCORE_TEST_CORRUPT_DELTA") or 0),
+                   rank=int(e.get("RANK", "0")), attempt=int(e.get("TORCHELASTIC_RESTART_COUNT", "0")))  # fmt: skip
 
     def stall(self, rank: int, step: int, phase: str) -> None:
         """Sleep for an hour if `stall_at` names (rank, step, phase)."""
@@ -103,9 +118,9 @@ class Hooks:
             time.sleep(3600)
 
     def kill_point(self, step: int, phase: str) -> None:
-        """Die of `kill_signal` if `kill_at` names (step, phase)."""
+        """Die of `kill_signal` if `kill_at` names (step, phase) and this rank, in a world's first attempt."""
         assert phase in PHASES, phase
-        if self.kill_at == f"{step}:{phase}":
+        if self.attempt == 0 and self.kill_at in (f"{step}:{phase}", f"{step}:{phase}:{self.rank}"):
             os.kill(os.getpid(), signal.Signals[self.kill_signal])
 
     def before_commit(self, step: int) -> None:
@@ -129,6 +144,18 @@ class Hooks:
     def slow_decode(self) -> None:
         if self.slow_decode_s:
             time.sleep(self.slow_decode_s)
+
+    def corrupt_delta(self, step: int, records: list[Encoded]) -> list[Encoded]:
+        """`records` (a delta push's) with one payload byte of the first "xor" record flipped (a copy;
+        the checksum left as it was) if `corrupt_delta_at` is `step`, else `records` themselves."""
+        if not self.corrupt_delta_at or step != self.corrupt_delta_at:
+            return records
+        k = next((i for i, r in enumerate(records) if r.entry.encoding == "xor"), None)
+        if k is None:
+            return records
+        payload = records[k].payload.clone()
+        payload[payload.numel() // 2] ^= 0xFF
+        return [*records[:k], dataclasses.replace(records[k], payload=payload), *records[k + 1 :]]
 
     def poison(self, batch: Batch, step: int) -> Batch:
         """The batch with NaN advantages if `nan_steps` holds `step`, else the batch itself."""

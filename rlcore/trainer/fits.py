@@ -21,6 +21,7 @@ from pathlib import Path
 
 from configs import Config, ConfigError
 from rlcore.models.footprint import Setup, Shape, estimate
+from rlcore.trainer import memory
 
 GIB = 2**30
 _CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
@@ -32,12 +33,10 @@ def check_fits(cfg: Config, *, world_size: int, on_cpu: bool, prompt_tokens: int
     if not cfg.trainer.memory_check or not on_cpu:
         return
     from rlcore.dist.reduce import world_max
-    from rlcore.trainer.model_checks import model_config
+    from rlcore.trainer.model_checks import model_shape
 
-    config = model_config(cfg.model.path)  # a path with no readable config.json: its one line, as loading says
-    try:
-        shape = Shape.of(config)
-    except (ValueError, KeyError, AttributeError, TypeError):  # a family the estimate cannot read: no estimate
+    shape = model_shape(cfg.model.path)  # a path with no readable config.json: its one line, as loading says
+    if shape is None:  # a family the estimate cannot read: no estimate
         return
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     try:
@@ -100,7 +99,7 @@ def alternatives(cfg: Config) -> list[tuple[str, Config]]:
 
 def available_bytes() -> int:
     """The memory this process can still get, plus what it holds (module docstring)."""
-    held = _own_rss()
+    held = int((memory.resident_mb() or 0.0) * 2**20)
     available = _meminfo("MemAvailable") + held
     for path in _CGROUP_LIMITS:
         try:
@@ -119,11 +118,6 @@ def _meminfo(key: str) -> int:
             if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     raise OSError(f"/proc/meminfo has no {key}")
-
-
-def _own_rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def _cgroup_usage(limit: Path) -> int:

@@ -32,7 +32,7 @@ from rlcore.steps import advantage_step, logprob_gap, logprob_step
 from rlcore.trainer import memory
 from rlcore.trainer.collect import step_seed
 from rlcore.trainer.phases import phase
-from rlcore.update import update_step
+from rlcore.update import SAVED_KEY, update_step
 
 
 class Passes(Protocol):
@@ -109,7 +109,8 @@ def learn(
             temperature=plan.forward.temperature,
             seed=step_seed(plan.seed, step, "loss"),
         )
-    metrics |= um | memory.state_mb(actor.model, actor.optimizer)
+    saved = max(um[SAVED_KEY], metrics.get(SAVED_KEY, 0.0))  # the critic's micro-batches may save more
+    metrics |= um | memory.state_mb(actor.model, actor.optimizer) | {SAVED_KEY: saved}
     metrics["timing/update_s"] = time.perf_counter() - update_started
     kl_coef = state.kl_coef
     if plan.kl.adaptive:

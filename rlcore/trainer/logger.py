@@ -21,7 +21,6 @@ from typing import Any
 
 import orjson
 
-from rlcore.models.footprint import take_largest_saved
 from rlcore.trainer import memory
 from rlcore.trainer.errors import StopRun
 
@@ -166,19 +165,12 @@ def memory_metrics() -> dict[str, float]:
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux (bytes on macOS)
     peak = max(peak_kb / (2**20 if sys.platform == "darwin" else 1024), memory.peak_mb() or 0.0)
     metrics = {"perf/max_memory_mb": peak} | memory.take_phase_peaks() | memory.process_mb()
-    saved = take_largest_saved()
-    if saved:
-        metrics["perf/mem/saved_tensors_mb"] = saved / 2**20
     slack = memory.allocator_slack_mb()
     if slack is not None:
         metrics["perf/mem/slack_mb"] = slack
     metrics |= gpu_memory_metrics()
-    try:
-        with open("/proc/self/statm") as f:
-            resident_pages = int(f.read().split()[1])
-    except OSError:  # not Linux
-        return metrics
-    return metrics | {"perf/rss_mb": resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**20}
+    now = memory.resident_mb()
+    return metrics if now is None else metrics | {"perf/rss_mb": now}
 
 
 def gpu_memory_metrics() -> dict[str, float]:

@@ -1,16 +1,22 @@
 """The process's memory on Linux: freed memory given back, each phase's peak, the allocator's slack.
 
-    return_freed_memory()                 # once at start-up: large blocks are mapped, and unmapped when freed
-    with phase_peak("update"): ...        # `rlcore.trainer.phases.phase` does this for every phase
+    return_freed_memory("keep")           # once at start-up (--trainer.freed-memory)
+    with phase_peak("update"): ...        # `rlcore.trainer.phases.phase` does this for every phase; under
+                                          # "trim" its end gives the freed memory back (`give_back`)
     take_phase_peaks()                    # {"perf/mem/update_peak_mb": 4350.0, ...} since the last call
     allocator_slack_mb()                  # freed bytes glibc holds but has not given back
 
-Why `return_freed_memory`: glibc serves a block of more than 128 KiB by mapping it, but raises that
-threshold to the size of each mapped block freed (up to 32 MiB), so after the first step a trainer's
-tensors of up to 32 MiB come from the heap, and the heap keeps what they free. Measured on SmolLM2-135M
-GRPO (issue 61, experiments/README.md): 7.5 GiB resident between phases against 2.2 GiB with the threshold
-fixed at 1 MiB, and the update's peak 9.8 against 8.9 GiB (its step time not compared side by side).
-Fixing the threshold turns off the raising; a freed block above it goes back to the kernel at once.
+Why: glibc serves a block of more than 128 KiB by mapping it, but raises that threshold to the size of each
+mapped block freed (up to 32 MiB), so after the first step a trainer's tensors of up to 32 MiB come from
+the heap, and the heap keeps what they free. The modes (`FreedMemory`), measured side by side on
+SmolLM2-135M GRPO (8 x 8 samples, 48 tokens, 2 threads; full fine-tuning / LoRA 16; issue 61,
+experiments/README.md):
+- "keep" (the default): glibc's own behaviour. Steps 42.1 / 42.1 s; 2.9 GiB resident between phases,
+  update peak 4.5 GiB.
+- "trim": glibc reuses freed blocks within a phase; each phase's end gives every free page back
+  (`malloc_trim`), which the next phase faults in again. 2.1 GiB between phases; steps 45.5 / 49.2 s.
+- "unmap": blocks of `MMAP_THRESHOLD` or more are mapped, and unmapped when freed: the lowest update peak
+  (4.2 GiB), but every large tensor faults in fresh pages. Steps 52.0 / 49.0 s.
 
 Each phase's peak is the kernel's high-water mark of resident memory (VmHWM), reset at every phase's
 entry (`/proc/self/clear_refs`), so nested phases each get their own peak and the outer one keeps the
@@ -23,22 +29,29 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import re
 from collections.abc import Iterator
+from typing import Literal
 
 import torch
 
+FreedMemory = Literal["trim", "unmap", "keep"]
+"""How freed memory goes back to the kernel (module docstring; --trainer.freed-memory)."""
 MMAP_THRESHOLD = 2**20
 """Blocks of at least this many bytes are mapped, and unmapped when freed."""
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
 
+_mode: list[FreedMemory] = ["keep"]  # what return_freed_memory set
 _open: list[str] = []  # the phases entered and not yet left, outermost first
 _peaks: dict[str, int] = {}  # KiB, since the last take_phase_peaks
 _lifetime = [0]  # KiB: the process's peak, which the resets hide from getrusage's ru_maxrss
 _before_models: list[float] = []  # MiB resident when the run started, before any model loaded
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL | None:
+    """glibc, looked up once (`find_library` runs ldconfig); None elsewhere."""
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name) if name else None
@@ -47,12 +60,22 @@ def _libc() -> ctypes.CDLL | None:
     return libc if libc is not None and hasattr(libc, "mallopt") else None
 
 
-def return_freed_memory() -> bool:
-    """Fix glibc's mmap threshold at `MMAP_THRESHOLD` (and trim the heap above it); False off glibc."""
+def return_freed_memory(mode: FreedMemory) -> bool:
+    """Set how freed memory goes back to the kernel (module docstring); False off glibc (nothing set)."""
     libc = _libc()
     if libc is None:
         return False
+    _mode[0] = mode
+    if mode != "unmap":
+        return True
     return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, MMAP_THRESHOLD))
+
+
+def give_back() -> None:
+    """Under "trim": every whole free page of glibc's heaps back to the kernel (`malloc_trim(0)`)."""
+    libc = _libc() if _mode[0] == "trim" else None
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 class _MallInfo2(ctypes.Structure):
@@ -79,11 +102,17 @@ def _status_kib(field: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def resident_mb() -> float | None:
+    """The process's resident memory now, MiB (None off Linux)."""
+    kib = _status_kib("VmRSS")
+    return kib / 1024 if kib is not None else None
+
+
 def note_process() -> None:
     """Note the resident memory now as the process's own (`process_mb`): call it just before the models load."""
-    kib = _status_kib("VmRSS")
-    if kib is not None:
-        _before_models[:] = [kib / 1024]
+    now = resident_mb()
+    if now is not None:
+        _before_models[:] = [now]
 
 
 def process_mb() -> dict[str, float]:
@@ -115,6 +144,7 @@ def phase_peak(name: str) -> Iterator[None]:
     finally:
         _credit(_status_kib("VmHWM"))
         _open.pop()
+        give_back()
 
 
 def peak_mb() -> float | None:

@@ -6,12 +6,14 @@ the tokenizer is loaded, `rlcore.trainer.build`). Pairs of flags that clash are 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from configs import Config, ConfigError
 from rlcore.dist.reduce import world_max
+from rlcore.models.footprint import Shape
 from rlcore.models.policy import load_tokenizer
 from rlcore.trainer.algorithm import need
 
@@ -211,6 +213,18 @@ def model_config(path: str, *, flag: str = "--model.path") -> Any:
         return AutoConfig.from_pretrained(model_dir(path))
     except (OSError, ValueError) as e:
         raise ConfigError(f"{flag} {path}: no readable config.json ({e})") from None
+
+
+@functools.lru_cache(maxsize=8)
+def model_shape(path: str) -> Shape | None:
+    """The memory estimate's view of a model path (`rlcore.models.footprint.Shape`), read once per process
+    (the defaults and the memory check both ask); None for a family the estimate cannot read. A path with
+    no readable config.json raises `model_config`'s one line."""
+    config = model_config(path)
+    try:
+        return Shape.of(config)
+    except (ValueError, KeyError, AttributeError, TypeError):
+        return None
 
 
 def model_dir(path: str) -> Path:

@@ -25,7 +25,7 @@ from rlcore.state import TrainState
 from rlcore.trainer import checkpoints, defaults, memory, models, signals, split
 from rlcore.trainer.build import USER_ERRORS, build
 from rlcore.trainer.collect import step_seed
-from rlcore.trainer.errors import StopRun, reason
+from rlcore.trainer.errors import EXIT_PEER_LOST, StopRun, lost_peer, reason
 from rlcore.trainer.handles import Handles
 from rlcore.trainer.health import ExactnessLost, check_exact, check_health
 from rlcore.trainer.learn import TrainingDiverged, check_bad_updates
@@ -49,7 +49,7 @@ __all__ = ["Handles", "TrainingDiverged", "build", "run", "step_seed", "train_st
 def run(cfg: Config) -> int:
     """Train to the end; user errors print one line and return 2, a diverged run 3. The fields `cfg` leaves
     to the model's kind are resolved here, once (`rlcore.trainer.defaults`): the run uses the new config."""
-    memory.return_freed_memory()  # freed tensors go back to the kernel between phases
+    memory.return_freed_memory(cfg.trainer.freed_memory)  # freed tensors go back to the kernel
     defaulted = defaults.defaulted(cfg)
     cfg = defaults.resolve(cfg)
     try:
@@ -95,6 +95,13 @@ def run(cfg: Config) -> int:
             flush=True,
         )
         return signals.EXIT_PREEMPTED
+    except RuntimeError as e:  # a collective failed: a rank that died takes the others with it
+        line = lost_peer(e)
+        if line is None:
+            raise
+        where = f"step {control.step}: " if control.step else ""  # (a split rollout rank counts no steps)
+        print(f"error: {where}{line}", file=sys.stderr, flush=True)
+        return EXIT_PEER_LOST
     except KeyboardInterrupt:
         signals.exit_at_once_on_sigint()
         if h.placement.writes:

@@ -22,13 +22,19 @@ sends it without waiting (`rlcore.trainer.handles.Outbox`), a rollout rank takes
 (`Inbox`) and waits only when the next batch would be more than K versions behind; with
 --pipeline.partial-rollout it also takes pushes between decode steps of a batch. Which version a
 batch gets then depends on timing: fresher samples, no reproducibility.
+
+With --pipeline.push delta (lag mode) a push carries, per tensor, the XOR of its bytes against what the
+rollout ranks last received, compressed (`rlcore.dist.delta`): the leader keeps a CPU copy of what it last
+pushed, each rollout rank one of what it last received. A rollout rank decodes the whole push and checks
+every tensor's checksum before its engine loads anything; if any rank disagrees the leader sends
+everything whole (`sync/delta_fallbacks`), so the engine never sees a corrupt tensor.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -36,12 +42,15 @@ import torch.distributed as dist
 
 from rlcore.algorithm import Algorithm
 from rlcore.data.prompts import pad_token_id
+from rlcore.dist.delta import PushCopy, encode_all
 from rlcore.dist.reduce import all_reduce_int, reduce_metrics
 from rlcore.dist.stream import WeightPush
 from rlcore.dist.transfer import (
+    broadcast_delta,
     broadcast_weights,
     group_device,
     json_tensor,
+    receive_delta,
     receive_weights,
     recv_batch,
     send_batch,
@@ -117,12 +126,23 @@ def receive_rollout(state: TrainState, h: Handles) -> tuple[Rollout, float]:
 
 
 def push_weights(
-    model: Any, h: Handles, *, step: int, version: int, bucket_bytes: int, stream: bool
+    model: Any,
+    h: Handles,
+    *,
+    step: int,
+    version: int,
+    bucket_bytes: int,
+    stream: bool,
+    base: PushCopy | None = None,
 ) -> dict[str, float]:
     """Tell the rollout ranks that `step` steps are trained and the policy is `version`, with the weights
     of `model` (gathered over the trainer ranks, broadcast by the leader), or without (`model` None: the
     weights did not change, e.g. an empty step). Every trainer rank calls it. In stream mode the leader
-    does not wait for the rollout ranks to receive it (`h.outbox` keeps it until they have)."""
+    does not wait for the rollout ranks to receive it (`h.outbox` keeps it until they have). With `base`
+    (--pipeline.push delta; lag mode) the leader sends deltas against it, the copy of what it pushed last,
+    and keeps what it pushes now in it (the other trainer ranks' `base` stays empty)."""
+    if base is not None and stream:
+        raise ValueError("delta pushes need lag mode: the leader waits for the rollout ranks' checksums")
     p = h.placement
     leads = dist.get_rank() == p.leader
     started = time.perf_counter()
@@ -131,9 +151,11 @@ def push_weights(
         h.outbox.add([w for w in [dist.broadcast(announce, p.leader, group=p.push, async_op=stream)] if w])
     waited = {"pipeline/push_wait_s": time.perf_counter() - started}
     if model is None:
-        return {"sync/bytes": 0.0, "sync/tensors": 0.0} | waited
+        return {"sync/bytes": 0.0, "sync/full_bytes": 0.0, "sync/tensors": 0.0} | waited
     state = push_state(model)  # LoRA: the adapter tensors only; the rollout ranks hold the base
     with WeightPush(model, bucket_bytes=bucket_bytes, all_ranks=True, state=state) as push:
+        if leads and base is not None:
+            return _push_delta(push, h, step=step, base=base) | waited
         if leads:
             h.outbox.add(
                 broadcast_weights(model, push, src=p.leader, group=p.push, async_op=stream, state=state)
@@ -141,7 +163,24 @@ def push_weights(
         else:
             for _ in push:  # the gathers are collectives of the trainer ranks; only the leader sends
                 pass
-    return {"sync/bytes": float(push.bytes), "sync/tensors": float(push.tensors)} | waited
+    if base is not None:  # what was sent is the leader's account (the ranks' mean of a key only it has)
+        return {"sync/tensors": float(push.tensors)} | waited
+    full = float(push.bytes)
+    return {"sync/bytes": full, "sync/full_bytes": full, "sync/tensors": float(push.tensors)} | waited
+
+
+def _push_delta(push: WeightPush, h: Handles, *, step: int, base: PushCopy) -> dict[str, float]:
+    """The leader's delta push of `push`'s tensors against `base`, which holds them afterwards."""
+    new = {name: t.detach().to("cpu", copy=True).contiguous() for name, t in push}
+    started = time.perf_counter()
+    records = encode_all(new, base.tensors)
+    records = h.hooks.corrupt_delta(step, records)  # test-only (RLCORE_TEST_CORRUPT_DELTA)
+    encoded = time.perf_counter() - started
+    sent = broadcast_delta(records, new, src=h.placement.leader, group=h.placement.push)
+    base.replace(new)
+    return {"sync/bytes": float(sent.bytes), "sync/full_bytes": float(sent.full_bytes),
+            "sync/delta_fallbacks": float(sent.fallbacks), "sync/tensors": float(push.tensors),
+            "sync/encode_s": encoded}  # fmt: skip
 
 
 class Inbox:
@@ -169,27 +208,37 @@ class Inbox:
 
 
 def receive_push(
-    state: TrainState, h: Handles, announce: torch.Tensor | None = None
+    state: TrainState, h: Handles, announce: torch.Tensor | None = None, mirror: PushCopy | None = None
 ) -> tuple[TrainState, float]:
     """Wait for the trainer's next push (its announcement, unless already received: `announce`) and load
     its weights into the engine, as one update; the state at its step and version, without the batches
-    trained by then; and the seconds waited."""
+    trained by then; and the seconds waited. With `mirror` (--pipeline.push delta) the push is a delta
+    against it, what this rank last received: decoded and checked whole (a full push replaces it where
+    any rollout rank's checksum disagrees) before the engine loads it, and kept in it."""
     p, started = h.placement, time.perf_counter()
     if announce is None:
         announce = torch.zeros(3, dtype=torch.int64, device=group_device(p.push))
         dist.broadcast(announce, p.leader, group=p.push)
     waited = time.perf_counter() - started
     step, version, has_weights = announce.cpu().tolist()
-    if has_weights:
-        stream = receive_weights(src=p.leader, group=p.push)
-        if h.relay is not None:  # a LoRA policy: the adapter lands in this rank's copy, then in the engine
-            h.relay.load(h.engine, stream)
-        else:
-            h.engine.load_weights(stream)
-        if sum(1 for _ in stream):  # read the rest, so the broadcasts stay matched; then refuse
-            raise RuntimeError("the engine's load_weights left tensors of the push unread")
+    if has_weights and mirror is None:
+        _load(h, receive_weights(src=p.leader, group=p.push))
+    elif has_weights:
+        tensors, _ = receive_delta(mirror.tensors, src=p.leader, group=p.push)
+        mirror.replace(tensors)
+        _load(h, iter(tensors.items()))
     pending = tuple(r for r in state.pending if r.step > step)
     return dataclasses.replace(state, step=step, policy_version=version, pending=pending), waited
+
+
+def _load(h: Handles, stream: Iterator[tuple[str, torch.Tensor]]) -> None:
+    """One update of this rank's engine from all of `stream`."""
+    if h.relay is not None:  # a LoRA policy: the adapter lands in this rank's copy, then in the engine
+        h.relay.load(h.engine, stream)
+    else:
+        h.engine.load_weights(stream)
+    if sum(1 for _ in stream):  # read the rest, so the broadcasts stay matched; then refuse
+        raise RuntimeError("the engine's load_weights left tensors of the push unread")
 
 
 # ---------------------------------------------------------------- validation: rollout rank 0 -> leader
@@ -231,7 +280,8 @@ def rollout_loop(
     `validate(step)` measures the engine's policy; `state` is the restored one after a resume."""
     last = plan.schedule.steps
     inbox = Inbox(h) if plan.schedule.stream else None
-    state, _ = receive_push(state, h)  # the starting (or restored) weights
+    mirror = PushCopy() if plan.schedule.push == "delta" else None  # what this rank last received
+    state, _ = receive_push(state, h, mirror=mirror)  # the starting (or restored) weights: a full push
     if inbox is not None and state.step < last:
         inbox.post()
     works = [w for r in state.pending for w in send_rollout(r, h, plan)]  # restored: sent before, not trained
@@ -241,7 +291,7 @@ def rollout_loop(
     while True:
         if inbox is not None:
             while state.step < last and inbox.arrived():  # pushes that came while this rank generated
-                state = _took(receive_push(state, h, inbox.take())[0], h, plan, validate, inbox)
+                state = _took(receive_push(state, h, inbox.take(), mirror)[0], h, plan, validate, inbox)
         steps = due(state, plan)
         if steps:
             for step in steps[:1] if inbox is not None else steps:  # stream: one batch, then new weights
@@ -250,6 +300,7 @@ def rollout_loop(
                     state, took = _generate_partial(state, h, algorithm, plan, step, extra, inbox)
                 else:
                     state, took = generate(state, h, algorithm, plan, step, extra), []
+                h.hooks.kill_point(step, "rollout")  # test-only fault injection (RLCORE_TEST_KILL_AT)
                 works += send_rollout(state.pending[-1], h, plan)
                 idle = 0.0
                 for pushed in took:  # pushes taken mid-batch: validate and save now, with the batch sent
@@ -259,7 +310,7 @@ def rollout_loop(
             break
         started = time.perf_counter()
         announce = inbox.take() if inbox is not None else None  # stream: the wait is here
-        state, waited = receive_push(state, h, announce)
+        state, waited = receive_push(state, h, announce, mirror)
         idle += waited + (time.perf_counter() - started if inbox is not None else 0.0)
         works = [w for w in works if not w.is_completed()]
         state = _took(state, h, plan, validate, inbox)

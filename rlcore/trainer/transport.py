@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from rlcore.algorithm import Algorithm
 from rlcore.batch import Batch
+from rlcore.dist.delta import PushCopy
 from rlcore.plan import StepPlan
 from rlcore.state import Rollout, TrainState
 from rlcore.steps import logprob_step
@@ -116,6 +117,8 @@ class SplitTrainer:
     leader broadcasts); a preemption stops every role at once (their schedules cannot meet at a step)."""
 
     stops_at_once: bool = True
+    base: PushCopy = dataclasses.field(default_factory=PushCopy)
+    """--pipeline.push delta: what the leader pushed last (rlcore.dist.delta)."""
 
     def next_rollout(
         self, state: TrainState, h: Handles, algorithm: Algorithm, plan: StepPlan
@@ -133,8 +136,9 @@ class SplitTrainer:
     ) -> dict[str, float]:
         """The rollout ranks move on to `step` with `version` (and `model`'s weights, unless None)."""
         s = plan.schedule
+        base = self.base if s.push == "delta" else None
         return split.push_weights(
-            model, h, step=step, version=version, bucket_bytes=s.sync_bucket_bytes, stream=s.stream
+            model, h, step=step, version=version, bucket_bytes=s.sync_bucket_bytes, stream=s.stream, base=base
         )
 
     def validation(self, h: Handles, plan: StepPlan, step: int) -> dict[str, float]:

@@ -37,3 +37,16 @@ def test_exact_row_layouts_are_agreed_on_every_rank(tmp_path, differ) -> None:
         assert "float32: at least 16 rows and tiles of 64 rows" in said[0]
     else:
         assert said[0] == "agree"
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_resume_auto_takes_the_same_checkpoint_on_every_rank(tmp_path, shared) -> None:
+    """--resume auto (issue 62): every rank lists checkpoints/ itself. Ranks that see the same newest
+    checkpoint take it; ranks that see different ones (an --out-dir on each node's local disk) stop alike
+    with one line naming both steps, rather than loading different steps."""
+    workers.spawn("agreed_checkpoint_worker", tmp_path, shared)
+    said = [(tmp_path / f"agreed{r}.txt").read_text() for r in (0, 1)]
+    if shared:
+        assert said == ["step_2", "step_2"], said
+    else:
+        assert said[0] == said[1] and "(step 2 on some, 1 on others; -1: none)" in said[0], said

@@ -436,3 +436,24 @@ def vision_update(rank: int, directory: Path, algo: AlgoConfig, optim: OptimConf
     weights = gathered_state(model)
     if rank == 0:
         torch.save({"metrics": metrics, "weights": weights}, directory / "vision.pt")
+
+
+def agreed_checkpoint_worker(rank: int, directory: Path, shared: bool) -> None:
+    """Rank 0's checkpoints/ holds complete steps 1 and 2 and an unfinished step_3.tmp; rank 1 lists the same
+    directory (`shared`) or its own, with step 1 only; each writes what `--resume auto` took or said."""
+    from rlcore.dist.checkpoint import COMPLETE
+    from rlcore.trainer.checkpoints import _agreed_latest
+    from rlcore.trainer.errors import StopRun
+
+    root = (directory if shared or rank == 0 else directory / "node1") / "checkpoints"
+    if rank == 0 or not shared:
+        for step in (1, 2) if rank == 0 else (1,):
+            (root / f"step_{step}").mkdir(parents=True)
+            (root / f"step_{step}" / COMPLETE).write_text("")
+        (root / "step_3.tmp").mkdir(exist_ok=True)
+    dist.barrier()
+    try:
+        said = _agreed_latest(root).name
+    except StopRun as e:
+        said = str(e)
+    (directory / f"agreed{rank}.txt").write_text(said)

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+#SBATCH --job-name=rlcore-grpo
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=8
+#SBATCH --cpus-per-task=64
+#SBATCH --time=24:00:00
+#SBATCH --output=%x-%j.log
+# GRPO on 2 Slurm nodes x 8 GPUs: one task per node runs torchrun (examples/multinode.sh) with node 0 as the
+# rendezvous. PLACEMENT=split puts the rollout ranks (vLLM) on node 0 and the trainer ranks on node 1.
+#
+#   sbatch examples/slurm_2x8.sh                                   # colocated: every GPU generates and trains
+#   PLACEMENT=split sbatch examples/slurm_2x8.sh --pipeline.push delta
+#
+# Resubmitting the same script resumes from the newest checkpoint (--resume auto). OUT must be on a filesystem
+# both nodes mount; RLCORE_CACHE and TMPDIR point at each node's local disk. Ports and interfaces:
+# docs/cluster.md. Any train.py flag may follow.
+set -euo pipefail
+cd "${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}"
+MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export MASTER_ADDR MASTER_PORT=${MASTER_PORT:-29500} NNODES=$SLURM_NNODES GPUS=8
+export OUT=${OUT:-runs/grpo-slurm} RLCORE_CACHE=${RLCORE_CACHE:-/tmp/$USER/rlcore-cache} TMPDIR=${TMPDIR:-/tmp/$USER}
+SPLIT=()
+if [ "${PLACEMENT:-colocate}" = split ]; then
+    SPLIT=(--pipeline.placement split --pipeline.rollout-ranks 8 --pipeline.max-staleness 1)
+fi
+# one task per node; each learns its node rank from Slurm (quoted: expanded on that node)
+srun --kill-on-bad-exit=0 bash -c 'NODE_RANK=$SLURM_NODEID exec bash examples/multinode.sh "$@"' _ "${SPLIT[@]}" "$@"
