@@ -2,7 +2,7 @@
 
     records = encode_all(new, base)            # the sender: {name: CPU tensor} now and as last pushed
     [r.entry for r in records]                 # the manifest (Entry.to_json), then each r.payload
-    tensors, bad = decode_all(entries, payloads, mirror)   # a receiver: the new tensors, names that disagree
+    tensors, bad = decode_all(zip(entries, payloads), mirror)   # a receiver: the new tensors, what failed
 
 Encoding "xor": the new tensor's bytes XOR the base's (both viewed as the integer dtype of their width,
 `torch.bitwise_xor`), cut into chunks of `CHUNK_BYTES`; each chunk regrouped into byte planes (every

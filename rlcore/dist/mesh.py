@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -150,6 +151,24 @@ def mesh_problem(world_size: int, *, replicate: int = 1, sp: int = 1, tp: int = 
         f"{shown} != world size ({world_size}): every factor must be >= 1 and their product must divide "
         "the number of processes"
     )
+
+
+LINGER_S = 3.0
+"""Seconds the first node's ranks stay after a clean finish of a multi-node run (`leave_in_order`)."""
+
+
+def leave_in_order() -> None:
+    """At a clean finish, before `close_distributed`: every rank waits for the others (a barrier), then,
+    under a multi-node torchrun, the first node's ranks stay `LINGER_S` longer. That node's launcher hosts
+    the rendezvous store, and torchrun's launchers meet in an exit barrier on it: when the host arrives
+    first, it may shut the store down while another launcher's last request is in flight, which that
+    launcher logs as a `DistNetworkError` traceback after a run that succeeded. Arriving last, it sets the
+    barrier's key itself and the others are already waiting. No effect without a process group we made."""
+    if not (_CREATED and dist.is_initialized()):
+        return
+    dist.barrier()
+    if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1 and os.environ.get("GROUP_RANK", "0") == "0":
+        time.sleep(LINGER_S)
 
 
 def close_distributed() -> None:

@@ -18,7 +18,7 @@ import sys
 
 from configs import Config
 from rlcore.algorithm import Algorithm
-from rlcore.dist.mesh import close_distributed, group_rank, group_size
+from rlcore.dist.mesh import close_distributed, group_rank, group_size, leave_in_order
 from rlcore.plan import StepPlan
 from rlcore.rewards.pool import RewardError
 from rlcore.state import TrainState
@@ -66,6 +66,7 @@ def run(cfg: Config) -> int:
     preemption = signals.Preemption(grace_s=cfg.trainer.preempt_grace_s, at_once=h.placement.split,
                                     newest=lambda: checkpoints.newest(checkpoint_dir))  # fmt: skip
     control = Control(cfg=cfg, preemption=preemption)
+    finished = False
     try:
         with preemption.handling():
             state = loop(state, h, algorithm, plan, control)
@@ -75,6 +76,7 @@ def run(cfg: Config) -> int:
             data=lambda: h.train_ds.cursor_state(state.cursor),
             holds=lambda: engine_holds(state.actor.model, h.engine),
         )  # test-only (RLCORE_TEST_DUMP_STATE)
+        finished = True
     except StopRun as e:  # disk trouble, an unusable checkpoint: the user's to fix
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
@@ -110,12 +112,13 @@ def run(cfg: Config) -> int:
               "continue with --resume auto", file=sys.stderr, flush=True)  # fmt: skip
         return signals.EXIT_INTERRUPTED
     finally:
-        _close(h)
+        _close(h, finished=finished)
     return 0
 
 
-def _close(h: Handles) -> None:
-    """The reward pool, the logger, the engines (vLLM: their processes and groups), the process group."""
+def _close(h: Handles, *, finished: bool = False) -> None:
+    """The reward pool, the logger, the engines (vLLM: their processes and groups), the process group
+    (after a clean finish, with every rank, in the order torchrun's launchers need: `leave_in_order`)."""
     if h.scorer is not None:
         h.scorer.close()
     h.logger.close()
@@ -123,6 +126,8 @@ def _close(h: Handles) -> None:
         h.engine.close()
     if h.judge is not None:
         h.judge.engine.close()
+    if finished:
+        leave_in_order()
     close_distributed()
 
 

@@ -54,7 +54,8 @@ def test_resume_is_bit_identical(run):
         assert torch.equal(out["after_resumed"][key], value), key
     moved = [k for k, v in out["after_second"].items() if not torch.equal(out["after_first"][k], v)]
     assert len(moved) == len(out["after_second"])  # the second step changed every tensor
-    assert out["resumed_metrics"] == out["metrics"]
+    math_only = [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in (out["resumed_metrics"], out["metrics"])]
+    assert math_only[0] == math_only[1]  # (perf/: memory measures; FSDP's gathered weights count where held)
     assert out["metrics"]["actor/lr"] == pytest.approx(OPTIM.lr * 2 / 3)  # second warm-up update
     for key, value in out["rng_saved"].items():  # rank 0's RNG tensors came back
         assert torch.equal(out["rng_loaded"][key], value)
