@@ -158,7 +158,7 @@ LINGER_S = 3.0
 
 
 def leave_in_order() -> None:
-    """At a clean finish, before `close_distributed`: every rank waits for the others (a barrier), then,
+    """At a clean finish, before anything closes: every rank waits for the others (a barrier), then,
     under a multi-node torchrun, the first node's ranks stay `LINGER_S` longer. That node's launcher hosts
     the rendezvous store, and torchrun's launchers meet in an exit barrier on it: when the host arrives
     first, it may shut the store down while another launcher's last request is in flight, which that

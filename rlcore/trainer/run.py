@@ -118,7 +118,10 @@ def run(cfg: Config) -> int:
 
 def _close(h: Handles, *, finished: bool = False) -> None:
     """The reward pool, the logger, the engines (vLLM: their processes and groups), the process group
-    (after a clean finish, with every rank, in the order torchrun's launchers need: `leave_in_order`)."""
+    (after a clean finish, first every rank in the order torchrun's launchers need: `leave_in_order`,
+    while the world's group is whole: an in-process vLLM engine's close tears it down)."""
+    if finished:
+        leave_in_order()
     if h.scorer is not None:
         h.scorer.close()
     h.logger.close()
@@ -126,8 +129,6 @@ def _close(h: Handles, *, finished: bool = False) -> None:
         h.engine.close()
     if h.judge is not None:
         h.judge.engine.close()
-    if finished:
-        leave_in_order()
     close_distributed()
 
 
