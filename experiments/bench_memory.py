@@ -55,6 +55,8 @@ VARIANTS = {
     "smollm2/default": [],
     "smollm2/256-tokens": ["--algo.max-tokens-per-micro-batch", "256"],
     "smollm2/checkpointing": ["--model.activation-checkpointing"],
+    "smollm2/selective": ["--model.selective-checkpointing"],  # the default budget: larger micro-batches
+    "smollm2/selective-1058": ["--model.selective-checkpointing", "--algo.max-tokens-per-micro-batch", "1058"],
     "smollm2/bf16": ["--model.dtype", "bfloat16"],
     "smollm2/bf16-compute": ["--model.compute-dtype", "bfloat16"],
     "smollm2/lora16": ["--model.lora-rank", "16"],

@@ -38,6 +38,8 @@ ASK = {
     "lag": lambda c: _part(c, "pipeline", mode="lag"),
     "partial": lambda c: _part(c, "pipeline", partial_rollout=True),
     "delta": lambda c: _part(c, "pipeline", push="delta"),
+    "selective": lambda c: _part(c, "model", selective_checkpointing=True),
+    "lora": lambda c: _part(c, "model", lora_rank=16),
 }
 """A config change asking for each feature."""
 

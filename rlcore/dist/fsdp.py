@@ -81,22 +81,29 @@ def apply_fsdp(
     return model
 
 
-def apply_activation_checkpointing(model: nn.Module) -> nn.Module:
-    """Recompute each decoder layer's activations in backward (Hugging Face's non-reentrant checkpointing).
+def apply_activation_checkpointing(model: nn.Module, *, selective: bool = False) -> nn.Module:
+    """Recompute each decoder layer's activations in backward (Hugging Face's non-reentrant checkpointing):
+    all of them from the layer's input, or with `selective` only its elementwise work, the products' and
+    attention's outputs kept (`rlcore.models.recompute`; the same gradients, bit for bit).
 
     Parameter names are unchanged (no wrapper modules), so checkpoints and weight sync are unaffected.
     Checkpointing is active in train mode only; `update_step` switches the model to train mode.
     """
+    kwargs: dict[str, object] = {"use_reentrant": False}
+    if selective:
+        from rlcore.models.recompute import selective_contexts
+
+        kwargs["context_fn"] = selective_contexts
     enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.2x
     if enable is not None:
-        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        enable(activation_checkpointing_kwargs=kwargs)
         return model
     enable = getattr(model, "gradient_checkpointing_enable", None)
     if enable is None:
         raise ValueError(
             f"{type(model).__name__} has no gradient_checkpointing_enable(); not a Hugging Face model"
         )
-    enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable(gradient_checkpointing_kwargs=kwargs)
     return model
 
 

@@ -71,6 +71,10 @@ FEATURES: dict[str, Feature] = {
                 "`--pipeline.partial-rollout`"),
         Feature("delta", lambda c: "--pipeline.push delta" if c.pipeline.push == "delta" else None,
                 "`--pipeline.push delta`"),
+        Feature("selective", lambda c: "--model.selective-checkpointing" if c.model.selective_checkpointing
+                and not c.model.activation_checkpointing else None, "`--model.selective-checkpointing`"),
+        Feature("lora", lambda c: f"--model.lora-rank {c.model.lora_rank}" if c.model.lora_rank else None,
+                "`--model.lora-rank N`"),
     )
 }  # fmt: skip
 """Every feature a clash names, by name."""
@@ -124,6 +128,9 @@ CLASHES: tuple[Clash, ...] = (
     Clash("stream", "colocated", "colocated ranks generate and train in turn, so there is nothing to stream; use "
           "--pipeline.placement split"),
     Clash("partial", "lag", "lag mode samples each batch with one version; use --pipeline.mode stream"),
+    Clash("selective", "lora", "a LoRA layer adds its adapter into the base product's output in place, which "
+          "selective checkpointing keeps for the recomputation (added into a new tensor instead, the product and "
+          "the sum would both be kept: more than without it); use --model.activation-checkpointing"),
 )  # fmt: skip
 """The table: every pair of features that pre-flight refuses together."""
 

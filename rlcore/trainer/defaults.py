@@ -147,7 +147,8 @@ def micro_batch_tokens(cfg: Config, budget: int) -> int | None:
         return None
     compute = 2 if "bfloat16" in (cfg.model.dtype, cfg.model.compute_dtype) else 4
     return micro_tokens_within(shape, budget=budget, compute_bytes=compute,
-                               checkpointing=cfg.model.activation_checkpointing)  # fmt: skip
+                               checkpointing=cfg.model.activation_checkpointing,
+                               selective=cfg.model.selective_checkpointing)  # fmt: skip
 
 
 def resolve(cfg: Config) -> Config:

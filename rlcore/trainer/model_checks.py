@@ -99,7 +99,7 @@ def check_mesh(cfg: Config) -> None:
         )
 
 
-FAMILY_FEATURES = ("exact", "vllm")
+FAMILY_FEATURES = ("exact", "vllm", "selective")
 """Features (`rlcore.trainer.compatibility.FEATURES`) whose refusal is the family record's alone
 (`rlcore.models.families`). Routing, tp and ep refuse in `check_routing` / `check_mesh`, which also check
 the model's sizes."""

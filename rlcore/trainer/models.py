@@ -88,10 +88,10 @@ def build_policy(cfg: Config, placement: Any) -> Any:
         vision_tower(model).requires_grad_(False)
     if cfg.model.lora_rank > 0:
         model = _with_lora(model, cfg)
-    if cfg.model.activation_checkpointing:
+    if cfg.model.activation_checkpointing or cfg.model.selective_checkpointing:
         from rlcore.dist.fsdp import apply_activation_checkpointing
 
-        apply_activation_checkpointing(model)
+        apply_activation_checkpointing(model, selective=not cfg.model.activation_checkpointing)
     return shard(model, placement)
 
 

@@ -74,6 +74,9 @@ SCENARIOS = [
     # replicated over 2 groups of 1 (the gradient summed across groups, as with 4 ranks, ep 2)
     dict(name="moe_ep", algo=AlgoConfig(loss_agg="token-mean", micro_batch_size=2, router_aux_coef=0.1),
          ref_micro=2, moe=True, ep=(1, 2), checkpointing=True),  # fmt: skip
+    # selective checkpointing under FSDP2: each layer keeps its products, recomputes the rest (issue 61)
+    dict(name="selective", algo=AlgoConfig(loss_agg="token-mean", micro_batch_size=2), ref_micro=64,
+         checkpointing="selective"),  # fmt: skip
     # LoRA on a mixture of experts: adapters on its linear layers and one pair per expert of its fused
     # expert tensors, which FSDP2 shards with the frozen base
     dict(name="moe_lora", algo=AlgoConfig(loss_agg="token-mean", micro_batch_size=2), ref_micro=2, moe=True,

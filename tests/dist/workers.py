@@ -96,7 +96,7 @@ def update_scenarios(rank: int, directory: Path, scenarios: list[dict]) -> None:
         model = scenario_model(sc)
         experts = None
         if sc.get("checkpointing"):  # the backward recomputes each layer: its all-to-alls again
-            apply_activation_checkpointing(model)
+            apply_activation_checkpointing(model, selective=sc["checkpointing"] == "selective")
         if sc.get("ep"):  # experts over an (ep_replicate, ep) mesh of the 2 ranks, FSDP2 for the rest
             apply_ep(model, DeviceMesh("cpu", torch.arange(WORLD).view(sc["ep"]), mesh_dim_names=EP_AXES))
             experts = expert_params(model)

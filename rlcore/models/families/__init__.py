@@ -27,6 +27,7 @@ FAMILIES: dict[str, Family] = {
 }
 """`config.model_type` -> its record: the families rlcore covers."""
 
+
 def family_of(model_or_config: Any) -> Family:
     """The record of a model (possibly wrapped) or of its config: `FAMILIES[config.model_type]`, else a
     record with no feature of its own (the Hugging Face forward and decode step)."""
@@ -35,7 +36,17 @@ def family_of(model_or_config: Any) -> Family:
     family = FAMILIES.get(model_type)
     if family is not None:
         return family
-    return Family(model_type, f"{model_type or 'this model'} (a family rlcore has no record of)")
+    return Family(
+        model_type,
+        f"{model_type or 'this model'} (a family rlcore has no record of)",
+        refusals={"selective": _UNRECORDED_SELECTIVE},
+    )
+
+
+_UNRECORDED_SELECTIVE = (
+    "its layers have not been shown to recompute the same gradients (a layer that changes a "
+    "kept product in place stops the backward); use --model.activation-checkpointing"
+)
 
 
 def compatibility() -> list[tuple[str, dict[str, str | None]]]:

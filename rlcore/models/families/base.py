@@ -21,6 +21,7 @@ FEATURES: Mapping[str, str] = {
     "router-replay": "--algo.router-replay",
     "exact": "--rollout.exact",
     "vllm": "--rollout.engine vllm",
+    "selective": "--model.selective-checkpointing",
 }
 """The features a family may or may not have, with the flag (or the path) that asks for each."""
 
@@ -83,5 +84,6 @@ class Family:
             "router-replay": None if self.moe is not None else "dense (no router)",
             "exact": None if self.exact else "exact mode has not been built and shown for it",
             "vllm": None,
+            "selective": None,
         }
         return derived[feature]

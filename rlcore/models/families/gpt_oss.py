@@ -17,5 +17,7 @@ FAMILY = Family(
         "ep": "its fused experts (gate and up interleaved, with biases) are not split by rlcore.dist.ep",
         "vllm": "its fused experts (gate and up interleaved, with biases) are not mapped to vLLM's names",
         "exact": "attention sinks are not in exact mode's attention",
+        "selective": "its experts add their biases in place into the grouped products' outputs, which selective "
+        "checkpointing keeps for the recomputation; use --model.activation-checkpointing",
     },
 )

@@ -6,7 +6,11 @@ from __future__ import annotations
 from rlcore.models.families.base import Family
 
 _PROCESSOR = "Qwen2VLImageProcessorPil"
-_REFUSALS = {"vllm": "rlcore does not pass images to vLLM yet"}
+_REFUSALS = {
+    "vllm": "rlcore does not pass images to vLLM yet",
+    "selective": "its vision tower's blocks have not been shown to recompute the same gradients; use "
+    "--model.activation-checkpointing",
+}
 
 FAMILIES = (
     Family("qwen2_vl", "Qwen2-VL", vision=_PROCESSOR, exact=True, refusals=_REFUSALS),
