@@ -83,8 +83,8 @@ def apply_fsdp(
 
 def apply_activation_checkpointing(model: nn.Module, *, selective: bool = False) -> nn.Module:
     """Recompute each decoder layer's activations in backward (Hugging Face's non-reentrant checkpointing):
-    all of them from the layer's input, or with `selective` only its elementwise work, the products' and
-    attention's outputs kept (`rlcore.models.recompute`; the same gradients, bit for bit).
+    all of them from the layer's input, or with `selective` all but its products' and attention's outputs,
+    which it keeps (`rlcore.models.recompute`; the same gradients, bit for bit).
 
     Parameter names are unchanged (no wrapper modules), so checkpoints and weight sync are unaffected.
     Checkpointing is active in train mode only; `update_step` switches the model to train mode.

@@ -53,7 +53,7 @@ def test_every_feature_of_every_family_is_available_or_says_why():
         assert all(why is None or (why and "\n" not in why) for why in row.values())
     unknown = family_of(type("Config", (), {"model_type": "phi3"})())
     assert unknown.model_type == "phi3" and "phi3" in unknown.name
-    assert all(unknown.refusal(f) is not None for f in ("lean", "tp", "ep", "router-replay", "exact"))
+    assert all(unknown.refusal(f) is not None for f in ("lean", "tp", "ep", "router-replay", "exact", "selective"))
     assert covering("lean") == ["llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"]
     assert covering("tp") == ["llama", "mistral", "qwen2", "qwen3"]
     assert "gemma3_text" not in covering("exact") and "gpt_oss" in covering("router-replay")

@@ -9,7 +9,7 @@ module what it is (a router class, a lean-step class, a tensor-parallel plan, an
 the record instead. Adding a family is one file in this package and one entry in `FAMILIES`
 (docs/architecture.md, "Adding a model family"). A family without a record still trains through the
 Hugging Face forward and decode step, with the features a record would have to vouch for (the lean step,
-tensor parallelism, routing, exact mode) refused in one line.
+tensor parallelism, routing, exact mode, selective checkpointing) refused in one line.
 """
 
 from __future__ import annotations
