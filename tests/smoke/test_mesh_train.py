@@ -104,6 +104,19 @@ def test_ranks_that_split_one_model_train_like_one_process(axis, one_process, un
         assert_same_metrics(expected[2:], read_metrics(resumed / "metrics.jsonl"))
 
 
+def test_selective_checkpointing_at_tp_2_trains_like_one_process(one_process, tmp_path):
+    """--model.selective-checkpointing on tensor-parallel layers (DTensor products kept, the rest recomputed
+    in backward on each rank): the one process's metrics, as tp 2 without it, with less saved for backward."""
+    saved = {}
+    for name, flags in (("plain", []), ("selective", ["--model.selective-checkpointing"])):
+        proc = torchrun(*ARGS, "--trainer.tp", "2", *flags, "--out-dir", str(tmp_path / name), nproc=2)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got = read_metrics(tmp_path / name / "metrics.jsonl")
+        assert_same_metrics(read_metrics(one_process["default"] / "metrics.jsonl"), got)
+        saved[name] = got[-1]["perf/mem/saved_tensors_mb"]
+    assert saved["selective"] < 0.8 * saved["plain"], saved
+
+
 def test_a_tp_trainer_mesh_under_split_placement_trains_like_one_process(one_process, tmp_path):
     """1 rollout rank + 2 trainer ranks at tp 2 (3 processes, K = 0): the trainer ranks hold one model
     split between them, both receive the whole batch, and the leader gathers whole tensors from the tp
