@@ -1,8 +1,8 @@
 """Selective activation checkpointing (--model.selective-checkpointing, issue 61): the same loss and gradients
-bit for bit as without it, on the real SmolLM2-135M and on every mixture-of-experts family; about half the
-bytes saved for backward, counted by `SavedBytes` and foreseen by the estimate; a layer that changes a kept
-tensor in place stops the backward instead of computing other gradients; a SmolLM2 run trains to the same
-weights with it."""
+bit for bit as without it, on the real SmolLM2-135M and on every family whose record allows it; about half
+the bytes saved for backward, counted by `SavedBytes` and foreseen by the estimate; a layer that changes a
+kept tensor in place stops the backward instead of computing other gradients (gpt-oss's experts do, so its
+record refuses it in one line); a SmolLM2 run trains to the same weights with it."""
 
 from __future__ import annotations
 
