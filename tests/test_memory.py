@@ -145,6 +145,23 @@ def test_the_flags_a_refusal_suggests_each_lower_the_estimate():
     assert lora.engine_copy_bytes == 4 * shape.params  # the merged copy the native engine samples from
 
 
+def test_a_refusal_suggests_no_flag_that_pre_flight_would_refuse():
+    """Selective checkpointing fits a limit just above its own estimate, but with LoRA (a clash) it is not
+    suggested; without LoRA it is."""
+    from transformers import Qwen2Config
+
+    from rlcore.trainer.fits import fitting
+
+    shape = Shape.of(Qwen2Config(**QWEN_05B))
+    for lora in (0, 16):
+        cfg = Config(model=ModelConfig(lora_rank=lora))
+        on = Config(model=ModelConfig(lora_rank=lora, selective_checkpointing=True))
+        limit = estimate(shape, setup_of(on, shape, 1, 200)).peak
+        assert limit < estimate(shape, setup_of(cfg, shape, 1, 200)).peak  # it would lower the estimate
+        flags = fitting(cfg, shape, world_size=1, prompt_tokens=200, limit=limit)
+        assert ("--model.selective-checkpointing" in flags) == (lora == 0), (lora, flags)
+
+
 @pytest.mark.parametrize("merged", [True, False])
 def test_lora_samples_from_the_trained_module_without_the_merged_copy(merged, tmp_path):
     """--rollout.no-lora-merged-copy: nothing is pushed (the engine samples the trained module, adapters

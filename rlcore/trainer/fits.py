@@ -48,8 +48,7 @@ def check_fits(cfg: Config, *, world_size: int, on_cpu: bool, prompt_tokens: int
     if world_max([int(need > limit)])[0] == 0:
         return
     largest = ", ".join(f"{k} {v / GIB:.1f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])[:3])
-    fixes = [flag for flag, c in alternatives(cfg)
-             if estimate(shape, setup_of(c, shape, world_size, prompt_tokens)).peak <= limit]  # fmt: skip
+    fixes = fitting(cfg, shape, world_size=world_size, prompt_tokens=prompt_tokens, limit=limit)
     hint = (f"these flags would fit it: {'; '.join(fixes)}" if fixes else
             "no single flag makes it fit (try them together, or more ranks)")  # fmt: skip
     raise ConfigError(
@@ -78,6 +77,27 @@ def setup_of(cfg: Config, shape: Shape, world_size: int, prompt_tokens: int) -> 
                  engine_copy_bytes=(shape.params * bf16[cfg.model.dtype] if copy else 0) + vllm_kv)  # fmt: skip
 
 
+def fitting(cfg: Config, shape: Shape, *, world_size: int, prompt_tokens: int, limit: int) -> list[str]:
+    """The `alternatives` a refusal may suggest: those pre-flight would not refuse (the compatibility table,
+    the model family's record) whose estimated peak is within `limit` bytes."""
+    return [flag for flag, c in alternatives(cfg)
+            if _allowed(c) and estimate(shape, setup_of(c, shape, world_size, prompt_tokens)).peak <= limit]  # fmt: skip
+
+
+def _allowed(cfg: Config) -> bool:
+    """Whether pre-flight's feature checks let `cfg` run (`clash_of`, `check_family`)."""
+    from rlcore.trainer.compatibility import clash_of
+    from rlcore.trainer.model_checks import check_family
+
+    if clash_of(cfg) is not None:
+        return False
+    try:
+        check_family(cfg)
+    except ConfigError:
+        return False
+    return True
+
+
 def alternatives(cfg: Config) -> list[tuple[str, Config]]:
     """The memory-saving flags a refusal may suggest, each with the config it gives."""
     m, a = cfg.model, cfg.algo
@@ -89,7 +109,7 @@ def alternatives(cfg: Config) -> list[tuple[str, Config]]:
         out.append(("--rollout.no-lora-merged-copy", dataclasses.replace(cfg, rollout=off)))
     if m.dtype == "float32":
         out.append(("--model.dtype bfloat16", dataclasses.replace(cfg, model=dataclasses.replace(m, dtype="bfloat16"))))
-    if not (m.activation_checkpointing or m.selective_checkpointing or m.lora_rank):
+    if not (m.activation_checkpointing or m.selective_checkpointing):
         on = dataclasses.replace(m, selective_checkpointing=True)  # the same speed, about half the activations
         out.append(("--model.selective-checkpointing", dataclasses.replace(cfg, model=on)))
     if not m.activation_checkpointing:
