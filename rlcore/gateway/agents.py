@@ -7,12 +7,13 @@
 
 `AgentEngine` is a rollout engine (`rlcore.rollout.base`) around the trainer's own engine. Its `generate`
 runs the agent `n` times per prompt row, each run with its own session (`rlcore.gateway.server`: the
-client's API key), at most `concurrency` at once on one asyncio loop, while the gateway batches their
-requests into the inner engine. Then each session's recorded calls become training rows from their token
-ids alone (`rlcore.gateway.record`): one row per segment, so a session whose history broke the prefix
-chain (a template that drops `<think>`, an edited history) gives several rows, each counted in
-`agent_split`. A session without a call gives one empty row (it trains nothing; its group keeps n rows
-or more).
+client's base URL, `/s/<session>/v1`, with the run's random key as its API key; the session names are
+random too, so no other process on the machine can post into an episode), at most `concurrency` at once
+on one asyncio loop, while the gateway batches their requests into the inner engine. Then each session's
+recorded calls become training rows from their token ids alone (`rlcore.gateway.record`): one row per
+segment, so a session whose history broke the prefix chain (a template that drops `<think>`, an edited
+history) gives several rows, each counted in `agent_split`. A session without a call gives one empty row
+(it trains nothing; its group keeps n rows or more).
 
 The run decides how the policy samples, whatever the agent asks: temperature, top-p and top-k are the
 run's (`SamplingParams` of the step; greedy in validation), and each call's
@@ -36,6 +37,7 @@ import inspect
 import itertools
 import logging
 import math
+import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -131,7 +133,8 @@ class AgentEngine(Wrapping):
         self.concurrency, self.timeout_s, self.failure_score = concurrency, timeout_s, failure_score
         from rlcore.gateway.server import Gateway  # the server stack (the `gateway` extra), only when used
 
-        self.gateway = Gateway(inner, tokenizer, call_format=call_format).__enter__()
+        self._key = secrets.token_urlsafe(32)  # the run's own: no other local process can post into it
+        self.gateway = Gateway(inner, tokenizer, key=self._key, call_format=call_format).__enter__()
         self._episodes = itertools.count()
         self._live = 0  # episodes holding the concurrency gate: an engine call waits for their requests
         self.gateway.expect(lambda: self._live)
@@ -142,8 +145,8 @@ class AgentEngine(Wrapping):
 
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         """`sampling.n` episodes per prompt row, as training rows (module docstring)."""
-        episode = next(self._episodes)
-        sessions = [[f"e{episode}-p{i}-s{j}" for j in range(sampling.n)] for i in range(len(prompts))]
+        prefix = f"e{next(self._episodes)}-{secrets.token_hex(16)}-"  # unguessable, even with the key
+        sessions = [[f"{prefix}p{i}-s{j}" for j in range(sampling.n)] for i in range(len(prompts))]
         self.gateway.force(sampling)
         try:
             outcomes = asyncio.run(self._run_all(prompts, sessions))
@@ -151,7 +154,7 @@ class AgentEngine(Wrapping):
         finally:
             self.gateway.force(None)
         rows = self._rows(prompts, sessions, outcomes, sampling.max_tokens)
-        self.gateway.discard(f"e{episode}-")  # and nothing of this call's episodes is kept past it
+        self.gateway.discard(prefix)  # and nothing of this call's episodes is kept past it
         return rows
 
     async def _run_all(self, prompts: Batch, sessions: list[list[str]]) -> list[list[Outcome]]:
@@ -159,8 +162,9 @@ class AgentEngine(Wrapping):
 
         gate = asyncio.Semaphore(self.concurrency)
         rows = [agent_row(prompts, i) for i in range(len(prompts))]
-        # one HTTP connection pool for every episode; each episode's client differs by its base URL alone
-        async with openai.AsyncOpenAI(base_url=self.gateway.base_url, api_key="rlcore", max_retries=0,
+        # one HTTP connection pool for every episode, with the run's key; each episode's client differs by its
+        # base URL alone, which carries its session
+        async with openai.AsyncOpenAI(base_url=self.gateway.base_url, api_key=self._key, max_retries=0,
                                       timeout=self.timeout_s) as shared:  # fmt: skip
             runs = [[self._episode(gate, shared.with_options(base_url=self.gateway.url_for(s)), s, rows[i])
                      for s in row] for i, row in enumerate(sessions)]  # fmt: skip

@@ -93,7 +93,8 @@ class Sampled(_Body):
     """What every endpoint shares: the model name (any is accepted) and the sampling fields."""
 
     model: str = ""
-    n: int = Field(1, ge=1, le=128)
+    n: int = Field(1, ge=1)
+    """At most `rlcore.gateway.translate.Limits.max_n`."""
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     max_tokens: int | None = Field(None, ge=1)

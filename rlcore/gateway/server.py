@@ -20,20 +20,34 @@ The session (one trajectory, e.g. one agent episode) travels in what a stock `op
   `Authorization: Bearer <session>`;
 - or the base URL: `OpenAI(api_key="unused", base_url="http://127.0.0.1:PORT/s/<session>/v1")`
   (`Gateway.url_for(session)`); the path wins over the key.
-With a server `key`, the bearer must be `<key>:<session>` (or `<key>` alone with the path form); a
-missing or wrong key is a 401. Sessions are 1-128 characters of `[A-Za-z0-9._-]`.
+Sessions are 1-128 characters of `[A-Za-z0-9._-]`.
+
+Who may call it. Every request passes `rlcore.serving.guard` before any route (a refusal has OpenAI's
+error body, so `openai` raises its usual `AuthenticationError` / `BadRequestError`...):
+- **Key.** With a server `key`, every route in both path forms (`/v1/...`, `/s/<session>/v1/...`,
+  `/v1/models` too) needs `Authorization: Bearer <key>:<session>`, or `Bearer <key>` (any `:<rest>`
+  ignored) with the session in the path; a missing or wrong key is a 401, and nothing is recorded.
+  Without one (`Gateway(engine, tokenizer)`), the bearer is the session, and any process on the machine
+  can record calls under any session: that mode trusts every local process. The trainer's agent engine
+  (`rlcore.gateway.agents`) always sets a random key, and random session names.
+- **Host.** Only a `Host` of the bound address, `localhost`, `127.0.0.1` or `::1` (and `allowed_hosts`)
+  is served, a 421 otherwise: a web page cannot reach the gateway through a name it rebinds to 127.0.0.1.
+- **Content type.** A body must be `application/json` (a 415 otherwise): a page can post `text/plain` or a
+  form cross-site without a CORS preflight, but not JSON (that needs a preflight, never answered here).
+- **Limits.** A body over `max_body_bytes` (16 MiB) is a 413, from its Content-Length or as a chunked
+  body streams; `n` over `max_n` (64) is a 400 naming it; `max_tokens` is clamped to the context's room.
 
 Why FastAPI on uvicorn: a well-kept ASGI stack (HTTP/1.1 parsing, keep-alive, pydantic validation)
 rather than a hand-written HTTP parser; the app itself stays a thin adapter: it validates, translates
 (`rlcore.gateway.translate`) and forwards to the batcher, and owns no training logic. It binds
-127.0.0.1 by default: the endpoint is for agents on the training host.
+127.0.0.1 by default: the endpoint is for agents on the training host (binding another address serves
+the network, with the same checks: give it a key).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hmac
 import logging
 import re
 import socket
@@ -72,6 +86,7 @@ from rlcore.gateway.translate import (
 )
 from rlcore.rollout.base import RolloutEngine, SamplingParams
 from rlcore.rollout.chat import TOOL_CALL_FORMATS
+from rlcore.serving.guard import JSON_ONLY, Guard, GuardFlags, Key, guarded, local_hosts
 
 log = logging.getLogger(__name__)
 
@@ -96,29 +111,21 @@ def _served(request: Request) -> Served:
     return request.app.state.served
 
 
-def _bearer(request: Request, served: Served) -> str:
-    """The bearer's session part, after checking the server key (401 when it is missing or wrong)."""
+def _bearer_session(request: Request, served: Served) -> str:
+    """The bearer's session part: the whole token without a server key, what follows `<key>:` with one (the
+    key itself is checked before routing, `rlcore.serving.guard`)."""
     header = request.headers.get("authorization", "")
     token = header[7:].strip() if header.lower().startswith("bearer ") else ""
-    if served.key is None:
-        return token
-    given, _, session = token.partition(":")
-    if not hmac.compare_digest(given.encode(), served.key.encode()):
-        raise ApiError(401, "invalid API key: send Authorization: Bearer <key>:<session>", None,
-                       "authentication_error")  # fmt: skip
-    return session
-
-
-def checked_key(request: Request) -> None:
-    _bearer(request, _served(request))
+    return token if served.key is None else token.partition(":")[2]
 
 
 def session_of(request: Request) -> str:
     """The request's session: the `/s/<session>/v1` path, else the bearer (see the module docstring)."""
-    session = request.path_params.get("session") or _bearer(request, _served(request))
+    session = request.path_params.get("session") or _bearer_session(request, _served(request))
     if not _SESSION.fullmatch(session or ""):
-        raise ApiError(401, "no valid session: send Authorization: Bearer <session> (1-128 of [A-Za-z0-9._-]) "
-                            "or use the base URL /s/<session>/v1", None, "authentication_error")  # fmt: skip
+        raise ApiError(401, "no valid session: send Authorization: Bearer <session> (<key>:<session> with a "
+                            "server key; 1-128 of [A-Za-z0-9._-]) or use the base URL /s/<session>/v1", None,
+                       "authentication_error")  # fmt: skip
     return session
 
 
@@ -164,7 +171,7 @@ async def completions(body: CompletionBody, request: Request, session: str = Dep
     return _envelope("text_completion", body, choices, prompt, calls)
 
 
-@router.get("/models", dependencies=[Depends(checked_key)])
+@router.get("/models")
 async def models(request: Request) -> dict:
     model = {"id": _served(request).model_name, "object": "model", "created": 0, "owned_by": "rlcore"}
     return {"object": "list", "data": [model]}
@@ -197,21 +204,51 @@ def context_length(engine: RolloutEngine, tokenizer: Any) -> int:
     return int(getattr(text, "max_position_embeddings", None) or tokenizer.model_max_length)
 
 
+MAX_BODY_BYTES = 16 << 20
+"""A request body's default bound: a 128k-token conversation is well under 1 MiB of JSON."""
+
+FLAGS = GuardFlags(hosts="Gateway(allowed_hosts=...) naming", body="Gateway(max_body_bytes=...)",
+                   key="Gateway(key=...); under train.py --rollout.agent, the agent's client.api_key")  # fmt: skip
+"""The arguments named in the guard's refusals (the gateway has no flags of its own)."""
+
+
+def refuse(status: int, message: str) -> dict[str, Any]:
+    """A guard's refusal in OpenAI's error shape (`openai` raises AuthenticationError for the 401)."""
+    return error_body(message, None, "authentication_error" if status == 401 else "invalid_request_error")
+
+
+def guard_of(host: str, allowed_hosts: tuple[str, ...], max_body_bytes: int, key: str | None) -> Guard:
+    """What the gateway accepts before routing (module docstring): JSON bodies within `max_body_bytes`, sent
+    to `host`, localhost or 127.0.0.1 (or `allowed_hosts`), with the bearer `key` when there is one."""
+    bearer = None if key is None else Key(header="authorization", value=key, bearer=True)
+    return Guard(hosts=local_hosts(host, allowed_hosts), content_types=JSON_ONLY,
+                 max_body_bytes=max_body_bytes, key=bearer, flags=FLAGS)  # fmt: skip
+
+
 class Gateway:
-    """The server on a background thread, with the batcher it forwards to (see the module docstring)."""
+    """The server on a background thread, with the batcher it forwards to (see the module docstring). Who may
+    call it: `key` (None: every local process), `allowed_hosts` (Host names served besides the bound address,
+    localhost and 127.0.0.1), `max_body_bytes` and `max_n` (samples a request)."""
 
     def __init__(self, engine: RolloutEngine, tokenizer: Any, *, key: str | None = None, host: str = "127.0.0.1",
                  port: int = 0, model_name: str = "rlcore", max_context: int | None = None,
-                 default_max_tokens: int = 256, call_format: str = "hermes") -> None:  # fmt: skip
+                 default_max_tokens: int = 256, call_format: str = "hermes",
+                 allowed_hosts: tuple[str, ...] = (), max_body_bytes: int = MAX_BODY_BYTES,
+                 max_n: int = 64) -> None:  # fmt: skip
         if call_format not in TOOL_CALL_FORMATS:
             raise ValueError(f"call_format={call_format!r}: expected one of {', '.join(TOOL_CALL_FORMATS)}")
         if key is not None and (not key or ":" in key):
             raise ValueError("key: must be non-empty and hold no ':' (the bearer is <key>:<session>)")
+        if isinstance(allowed_hosts, str):
+            raise ValueError(f"allowed_hosts={allowed_hosts!r}: give a tuple of names, e.g. ({allowed_hosts!r},)")
+        if max_body_bytes < 1 or max_n < 1:
+            raise ValueError(f"max_body_bytes={max_body_bytes}, max_n={max_n}: both must be >= 1")
         self.host, self.port = host, port
         limits = Limits(max_context=max_context or context_length(engine, tokenizer),
-                        default_max_tokens=default_max_tokens)  # fmt: skip
+                        default_max_tokens=default_max_tokens, max_n=max_n)  # fmt: skip
         self._engine, self._tokenizer, self._limits = engine, tokenizer, limits
         self._options = {"key": key, "model_name": model_name, "call_format": call_format}
+        self._guard = guard_of(host, tuple(allowed_hosts), max_body_bytes, key)
         self._batcher: Batcher | None = None
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -225,8 +262,8 @@ class Gateway:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(create_app(served), log_config=None, access_log=False, lifespan="off",
-                                log_level="warning")  # fmt: skip
+        app = guarded(create_app(served), self._guard, refuse)
+        config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", log_level="warning")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
                                         name="gateway-http", daemon=True)  # fmt: skip

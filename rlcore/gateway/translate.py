@@ -29,6 +29,8 @@ class Limits:
     """Prompt + completion tokens the model takes; a longer prompt is a 400, `max_tokens` is clamped to the room."""
     default_max_tokens: int = 256
     """`max_tokens` when a request gives none."""
+    max_n: int = 64
+    """Samples one request may ask (`n`); more is a 400 (one request must not fill the engine's batch)."""
 
 
 def template_messages(messages: list[Message]) -> list[dict[str, Any]]:
@@ -109,11 +111,15 @@ def refuse_unsupported(body: Sampled) -> None:
 
 
 def sampling_of(body: Sampled, prompt_length: int, limits: Limits, *, field: str) -> SamplingParams:
-    """The engine's SamplingParams for `body`; 400 when the prompt (`field`) leaves no room in the context."""
+    """The engine's SamplingParams for `body`; 400 when the prompt (`field`) leaves no room in the context or
+    `n` is over `limits.max_n`."""
     room = limits.max_context - prompt_length
     if room < 1:
         raise ApiError(400, f"{field}: the prompt is {prompt_length} tokens; this model's maximum context "
                             f"length is {limits.max_context} tokens", field)  # fmt: skip
+    if body.n > limits.max_n:
+        raise ApiError(400, f"n: {body.n} samples asked; this gateway serves at most {limits.max_n} a request "
+                            "(Gateway(max_n=...))", "n")  # fmt: skip
     stops = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     if len(stops) > 4 or not all(stops):
         raise ApiError(400, "stop: at most 4 non-empty strings", "stop")

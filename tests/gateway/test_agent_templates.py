@@ -73,10 +73,10 @@ def test_a_template_that_drops_past_think_blocks_splits_every_episode_and_counts
 
 
 async def langchain_agent(client, row):
-    """The same two turns written with LangChain's ChatOpenAI, pointed at the session's base URL."""
+    """The same two turns written with LangChain's ChatOpenAI, pointed at the session's base URL with the run's key."""
     from langchain_openai import ChatOpenAI
 
-    chat = ChatOpenAI(base_url=str(client.base_url), api_key="unused", model="policy", max_tokens=5, max_retries=0)
+    chat = ChatOpenAI(base_url=str(client.base_url), api_key=client.api_key, model="policy", max_tokens=5, max_retries=0)
     first = await chat.ainvoke([(m["role"], m["content"]) for m in row["prompt"]])
     await chat.ainvoke([(m["role"], m["content"]) for m in row["prompt"]] + [("assistant", first.content),
                                                                               ("user", "again")])  # fmt: skip
