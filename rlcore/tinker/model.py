@@ -29,12 +29,13 @@ from configs import Config, ConfigError, ModelConfig, RolloutConfig, TrainerConf
 from rlcore.data.prompts import pad_token_id
 from rlcore.dist.checkpoint import load_checkpoint, save_checkpoint
 from rlcore.tinker.errors import UserError
+from rlcore.tinker.limits import NEVER, Deadline, Limits, check_rank
 from rlcore.tinker.losses import check_inputs, loss_of
+from rlcore.tinker.names import check_base_model, checked, under
 from rlcore.tinker.rows import datum_rows, packed_inputs, right_aligned, row_inputs, row_logprobs, sequence_of
 from rlcore.tinker.wire import Datum
 from rlcore.update import build_optimizer, grad_norm
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 LOGITS_BYTES = 2**30
 """The automatic micro-batch: at most this many bytes of fp32 logits (tokens x vocabulary x 4): 1 GiB is ~5K
 tokens of SmolLM2's 49K vocabulary, ~1.8K of Qwen2.5's 152K, the whole batch of a built-in model."""
@@ -58,6 +59,8 @@ class ServeOptions:
     the budget runs alone."""
     lora_alpha: float = 32.0
     """LoRA scale numerator (the update is B A alpha / rank), as --model.lora-alpha."""
+    limits: Limits = dataclasses.field(default_factory=Limits)
+    """What one client may ask of the server (`rlcore.tinker.limits`)."""
 
 
 def run_config(base_model: str, lora_rank: int, options: ServeOptions) -> Config:
@@ -67,13 +70,6 @@ def run_config(base_model: str, lora_rank: int, options: ServeOptions) -> Config
                   rollout=RolloutConfig(engine="native"), trainer=TrainerConfig(seed=options.seed, device="auto"))  # fmt: skip
 
 
-def checked_name(name: str, what: str) -> str:
-    """`name` as a file name under the work directory, or a UserError."""
-    if not _NAME.match(name):
-        raise UserError(f"{what} name {name!r}: use letters, digits, '.', '_' and '-' (at most 128, no '/')")
-    return name
-
-
 class TrainedModel:
     """One trained model and its engine (module docstring)."""
 
@@ -81,8 +77,8 @@ class TrainedModel:
         from rlcore.models.fields import takes_images
         from rlcore.trainer import models
 
-        if lora_rank < 0:
-            raise UserError(f"LoRA rank {lora_rank}: use a positive rank, or 0 for full fine-tuning")
+        check_rank(lora_rank, options.limits)
+        check_base_model(base_model, options.limits.model_roots)
         self.model_id, self.base_model, self.options, self.placement = model_id, base_model, options, placement
         self.cfg = run_config(base_model, lora_rank, options)
         self.lora_rank = self.cfg.model.lora_rank
@@ -99,6 +95,7 @@ class TrainedModel:
         self.pad_id = pad_token_id(self.tokenizer)
         self.vocab = int(module.get_input_embeddings().num_embeddings)
         self.arch = type(module).__name__
+        self.context = int(getattr(module.config, "max_position_embeddings", 0) or 2**31)
         self.version = 0
         self.engine_version: int | None = None
 
@@ -128,10 +125,12 @@ class TrainedModel:
     # ------------------------------------------------------------------------------------ training
 
     def forward_backward(
-        self, data: Sequence[Datum], loss_fn: str, config: Mapping[str, float], *, forward_only: bool
+        self, data: Sequence[Datum], loss_fn: str, config: Mapping[str, float], *, forward_only: bool,
+        deadline: Deadline = NEVER,
     ) -> tuple[list[Tensor], dict[str, float]]:
         """(each datum's log-probs of its targets (N,), {"loss:sum": ...}) on rank 0 (other ranks: an empty
-        list); the gradient of the loss sum is added to the parameters' unless `forward_only`."""
+        list); the gradient of the loss sum is added to the parameters' unless `forward_only`. Past `deadline`
+        it stops between micro-batches (`_stop`)."""
         loss, cfg = loss_of(loss_fn, config)
         for i, d in enumerate(data):
             check_inputs(loss_fn, loss, d.inputs, len(d.tokens), f"datum {i}")
@@ -140,7 +139,10 @@ class TrainedModel:
         plans = micro_batches([len(d.tokens) for d in data], world, self._budget())
         logprobs: dict[int, Tensor] = {}
         total = torch.zeros((), dtype=torch.float64)
-        for k in range(max(len(p) for p in plans)):  # every rank runs as many (FSDP's forward is a collective)
+        steps = max(len(p) for p in plans)
+        for k in range(steps):  # every rank runs as many (FSDP's forward is a collective)
+            if k and self._expired(deadline):
+                self._stop(deadline, k, steps, forward_only)
             idx = plans[rank][k] if k < len(plans[rank]) else []
             value, rows = self._micro(data, idx or [0], loss, cfg, forward_only, counts=bool(idx))
             if idx:
@@ -164,6 +166,25 @@ class TrainedModel:
                 (value if counts else value * 0.0).backward()
         return value.detach().double().cpu(), [r.detach().cpu() for r in right_aligned(lp.detach(), lengths)]
 
+    def _expired(self, deadline: Deadline) -> bool:
+        """Whether `deadline` passed, as every trainer rank sees it (the most expired rank decides for all, so
+        no rank leaves a collective the others enter)."""
+        passed = deadline.passed()
+        if self.placement.local.world_size == 1:
+            return passed
+        flag = torch.tensor([1.0 if passed else 0.0], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.placement.trainers)
+        return bool(flag.item() > 0)
+
+    def _stop(self, deadline: Deadline, k: int, steps: int, forward_only: bool) -> None:
+        """Give up a forward_backward past its deadline: a half-accumulated gradient is cleared (with whatever
+        earlier calls accumulated since the last optim_step), so no partial batch is ever applied."""
+        if forward_only:
+            raise UserError(deadline.message("forward", f"after {k} of {steps} micro-batches"))
+        self.optimizer.zero_grad(set_to_none=True)
+        raise UserError(deadline.message("forward_backward", f"after {k} of {steps} micro-batches; the gradients "
+                                         "accumulated since the last optim_step were cleared (send them again)"))  # fmt: skip
+
     def _budget(self) -> int:
         if self.options.micro_batch_tokens > 0:
             return self.options.micro_batch_tokens
@@ -184,6 +205,9 @@ class TrainedModel:
         ids = torch.cat([d.tokens, d.inputs["target_tokens"].long()])
         if len(d.tokens) == 0:
             raise UserError(f"datum {i}: an empty model input")
+        if len(d.tokens) > self.context:
+            raise UserError(f"datum {i}: {len(d.tokens)} tokens do not fit the context of {self.base_model} "
+                            f"({self.context} tokens); send a shorter datum")  # fmt: skip
         if int(ids.min()) < 0 or int(ids.max()) >= self.vocab:
             raise UserError(f"datum {i}: token ids must lie in [0, {self.vocab}) for {self.base_model} "
                             f"(got {int(ids.min())}..{int(ids.max())})")  # fmt: skip
@@ -215,7 +239,7 @@ class TrainedModel:
     # ------------------------------------------------------------------------------------ states
 
     def state_dir(self, kind: str, name: str) -> Path:
-        return self.options.workdir / self.model_id / kind / checked_name(name, "checkpoint")
+        return under(self.options.workdir, checked(self.model_id, "model id"), kind, checked(name, "checkpoint name"))
 
     def save(self, kind: str, name: str) -> str:
         """Save the trained weights, AdamW's state and the engine's sampling stream under `kind`/`name`
@@ -262,7 +286,7 @@ class TrainedModel:
 
     def write_tokenizer(self) -> str:
         """A directory `AutoTokenizer.from_pretrained` loads offline (the SDK's `get_tokenizer`), written once."""
-        directory = self.options.workdir / "tokenizers" / re.sub(r"[^A-Za-z0-9._-]", "_", self.base_model)
+        directory = under(self.options.workdir, "tokenizers", _dir_name(self.base_model))
         if not (directory / "tokenizer_config.json").is_file():
             self.tokenizer.save_pretrained(directory)
         return str(directory.resolve())
@@ -285,6 +309,11 @@ def micro_batches(lengths: Sequence[int], world: int, budget: int) -> list[list[
             used += lengths[i]
         plans.append(runs)
     return plans
+
+
+def _dir_name(base_model: str) -> str:
+    """A base model's tokenizer directory name: one path part, never `.` or `..`."""
+    return re.sub(r"^\.", "_", re.sub(r"[^A-Za-z0-9._-]", "_", base_model)[-128:])
 
 
 def state_extra(directory: Path) -> dict[str, Any]:

@@ -14,7 +14,6 @@ import dataclasses
 import functools
 import logging
 import queue
-import re
 import threading
 import time
 import traceback
@@ -27,7 +26,9 @@ import torch.distributed as dist
 from rlcore.tinker import split
 from rlcore.tinker.errors import UserError
 from rlcore.tinker.futures import Futures, Result
-from rlcore.tinker.model import ServeOptions, TrainedModel, checked_name, state_extra
+from rlcore.tinker.limits import NEVER, Deadline, check_models
+from rlcore.tinker.model import ServeOptions, TrainedModel, state_extra
+from rlcore.tinker.names import checked, under
 from rlcore.tinker.sampling import SampleOp, run_samples
 from rlcore.tinker.wire import ForwardBackward, encode_forward_backward
 from rlcore.trainer.memory import give_back
@@ -99,13 +100,26 @@ class Sampler:
 
 
 class Served:
-    """What every rank holds: the models by id (and, on rank 0, the sampling sessions)."""
+    """What every rank holds: the models by id (and, on rank 0, the sampling sessions: the newest
+    --max-sampling-sessions of them), and the deadline of the operation running (`--op-timeout-s`)."""
 
     def __init__(self, options: ServeOptions, placement: Any) -> None:
         self.options, self.placement = options, placement
         self.models: dict[str, TrainedModel] = {}
         self.samplers: dict[str, Sampler] = {}
         self.sampler_paths: dict[str, Sampler] = {}
+        self.deadline = NEVER
+        self._lock = threading.Lock()
+
+    def add_sampler(self, sampler_id: str, sampler: Sampler) -> None:
+        """Keep a sampling session (and its path's), forgetting the oldest past --max-sampling-sessions."""
+        with self._lock:
+            for kept, key in ((self.samplers, sampler_id), (self.sampler_paths, sampler.path)):
+                if key is None:
+                    continue
+                kept[key] = sampler
+                while len(kept) > self.options.limits.max_sampling_sessions:
+                    del kept[next(iter(kept))]
 
     def model(self, model_id: str) -> TrainedModel:
         if model_id not in self.models:
@@ -118,9 +132,11 @@ class Served:
         placement an operation on the trained model alone runs on the trainer ranks, and the trainer leader
         hands its result (or its failure) to rank 0 (`rlcore.tinker.split`). What it freed goes back to the
         kernel after it (`rlcore.trainer.memory.give_back`)."""
+        self.deadline = Deadline.start(self.options.limits)
         try:
             return self._run(op)
         finally:
+            self.deadline = NEVER
             give_back()
 
     def _run(self, op: Any) -> Result | None:
@@ -141,9 +157,8 @@ class Served:
         parts = path.removeprefix("tinker://").split("/")
         if not path.startswith("tinker://") or len(parts) != 3 or parts[1] not in ("weights", "sampler_weights"):
             raise UserError(f"path {path!r}: expected tinker://<model_id>/weights/<name>, as save_state returns")
-        if not _MODEL_ID.match(parts[0]):
-            raise UserError(f"path {path!r}: {parts[0]!r} is not a model id of this server")
-        return self.options.workdir / parts[0] / parts[1] / checked_name(parts[2], "checkpoint")
+        checked(parts[0], f"path {path!r}: model id")
+        return under(self.options.workdir, parts[0], parts[1], checked(parts[2], f"path {path!r}: checkpoint name"))
 
     def sample(self, ops: list[SampleOp]) -> list[bytes]:
         """Rank 0: the requests of one sampler version, batched (`rlcore.tinker.sampling`)."""
@@ -152,18 +167,20 @@ class Served:
         if model.engine_version != sampler.version:
             raise UserError(f"sampler {ops[0].sampler_id} holds version {sampler.version} of {sampler.model_id}, whose "
                             f"engine now holds version {model.engine_version}; save_weights_for_sampler again")  # fmt: skip
-        return run_samples(model.engine, model.pad_id, ops)
+        return run_samples(model.engine, model.pad_id, ops, Deadline.start(self.options.limits))
 
 
 def _create(s: Served, op: CreateModel) -> Result:
     if op.model_id not in s.models:
+        check_models(len(s.models), s.options.limits)
         s.models[op.model_id] = TrainedModel(op.model_id, op.base_model, op.lora_rank, s.options, s.placement)
     return Result(json={"model_id": op.model_id, "type": "create_model"})
 
 
 def _fwdbwd(s: Served, op: FwdBwd) -> Result:
     r = op.request
-    rows, metrics = s.model(r.model_id).forward_backward(r.data, r.loss_fn, r.config, forward_only=r.forward_only)
+    rows, metrics = s.model(r.model_id).forward_backward(r.data, r.loss_fn, r.config, forward_only=r.forward_only,
+                                                         deadline=s.deadline)  # fmt: skip
     return Result(proto=encode_forward_backward([{"logprobs": lp} for lp in rows], metrics))
 
 
@@ -178,6 +195,7 @@ def _save(s: Served, op: SaveState) -> Result:
 def _load(s: Served, op: LoadState) -> Result:
     directory = s.state_dir(op.path)
     if op.create and op.model_id not in s.models:
+        check_models(len(s.models), s.options.limits)
         extra = state_extra(directory)
         s.models[op.model_id] = TrainedModel(op.model_id, extra["base_model"], extra["lora_rank"], s.options,
                                              s.placement)  # fmt: skip
@@ -190,9 +208,7 @@ def _for_sampler(s: Served, op: SaveForSampler) -> Result:
     version = model.push()
     path = model.save("sampler_weights", op.name) if op.name is not None else None
     sampler = Sampler(model_id=op.model_id, version=version, path=path)
-    s.samplers[op.sampler_id] = sampler
-    if path is not None:
-        s.sampler_paths[path] = sampler
+    s.add_sampler(op.sampler_id, sampler)
     return Result(json={"path": path, "sampling_session_id": op.sampler_id, "type": "save_weights_for_sampler"})
 
 
@@ -206,9 +222,6 @@ _HANDLERS: dict[type, Callable[[Served, Any], Result | None]] = {
 }  # fmt: skip
 """Each training operation's handler (every rank runs it)."""
 
-
-_MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:._-]{0,127}$")
-"""A model id as the server makes them (`<session>:train:<n>`), which a path may name."""
 
 _TRAINERS_ONLY = (FwdBwd, OptimStep)
 """Under split placement: the operations only the trainer ranks run."""

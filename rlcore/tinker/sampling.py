@@ -1,12 +1,14 @@
 """`sample` through rlcore's engine: the requests waiting together become as few `generate` calls as
 their options allow (requests with the same sampling options and no seed share one call; a seeded
 request runs alone, so its tokens depend on its seed only), and each gets its sequences, their log-probs
-and, when asked, its prompt's log-probs under the sampler's weights."""
+and, when asked, its prompt's log-probs under the sampler's weights. Past the operation's deadline
+(`--op-timeout-s`) the engine stops between decode steps and the requests of that batch fail in one line."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -16,6 +18,7 @@ from rlcore.data.prompts import left_pad
 from rlcore.rollout.base import SamplingParams
 from rlcore.rollout.sampling import check_sampling
 from rlcore.tinker.errors import UserError
+from rlcore.tinker.limits import NEVER, Deadline
 from rlcore.tinker.rows import prompt_row, right_aligned, row_inputs, row_logprobs
 from rlcore.tinker.wire import Sampled, encode_sample
 
@@ -40,8 +43,6 @@ def sampling_params(params: dict[str, Any], n: int) -> SamplingParams:
     max_tokens, top_k = params.get("max_tokens"), int(params.get("top_k", -1))
     if max_tokens is None or int(max_tokens) < 1:
         raise UserError("sampling_params.max_tokens: give a positive number of tokens to sample")
-    if n < 1:
-        raise UserError(f"num_samples {n}: ask for at least one sample")
     strings = tuple(s for s in stop if isinstance(s, str))
     try:
         check_sampling(temperature=float(params.get("temperature", 1.0)), top_k=max(top_k, 0),
@@ -54,7 +55,50 @@ def sampling_params(params: dict[str, Any], n: int) -> SamplingParams:
                           seed=params.get("seed"))  # fmt: skip
 
 
-def run_samples(engine: Any, pad_id: int, ops: Sequence[SampleOp]) -> list[bytes]:
+def prompt_tokens(prompt: Any) -> tuple[int, ...]:
+    """The token ids of a JSON ModelInput (token chunks only), or a UserError."""
+    chunks = prompt.get("chunks", []) if isinstance(prompt, dict) else None
+    if chunks is None:
+        raise UserError("prompt: expected a ModelInput with chunks")
+    ids: list[int] = []
+    for k, chunk in enumerate(chunks):
+        if chunk.get("type", "encoded_text") != "encoded_text":
+            raise UserError(f"prompt chunk {k} is {chunk.get('type')}; this server takes token chunks only")
+        try:
+            ids.extend(int(t) for t in chunk.get("tokens", []))
+        except (TypeError, ValueError):
+            raise UserError(f"prompt chunk {k}: tokens must be integers") from None
+    if not ids:
+        raise UserError("prompt: an empty prompt")
+    return tuple(ids)
+
+
+def fitted(sampling: SamplingParams, prompt: Sequence[int], context: int, model: str) -> SamplingParams:
+    """`sampling` with max_tokens cut to what the context leaves after `prompt`; a UserError for a prompt that
+    leaves no room."""
+    if len(prompt) >= context:
+        raise UserError(f"prompt of {len(prompt)} tokens: {model} has a context of {context} tokens, and sampling "
+                        "needs room for one more; send a shorter prompt")  # fmt: skip
+    return dataclasses.replace(sampling, max_tokens=min(sampling.max_tokens, context - len(prompt)))
+
+
+@contextlib.contextmanager
+def _stopped_at(engine: Any, deadline: Deadline) -> Iterator[None]:
+    """Within the block, `engine.generate` raises a UserError at the first decode step past `deadline` (an
+    engine without the `each_step` hook is bounded by --max-samples and the context alone)."""
+    if deadline is NEVER or not hasattr(engine, "each_step"):
+        yield
+        return
+
+    def check(sampled: Any) -> None:
+        if deadline.passed():
+            raise UserError(deadline.message("sample", f"after {int(sampled.max())} tokens; nothing was returned"))
+
+    with engine.each_step(check):
+        yield
+
+
+def run_samples(engine: Any, pad_id: int, ops: Sequence[SampleOp], deadline: Deadline = NEVER) -> list[bytes]:
     """Each request's `SampleResponse` body, in order (see the module docstring for the batching)."""
     groups: dict[Any, list[int]] = {}
     for i, op in enumerate(ops):
@@ -62,7 +106,8 @@ def run_samples(engine: Any, pad_id: int, ops: Sequence[SampleOp]) -> list[bytes
         groups.setdefault(key, []).append(i)
     sequences: dict[int, list[Sampled]] = {}
     for members in groups.values():
-        outs = _generate(engine, pad_id, [ops[i].prompt for i in members], ops[members[0]].sampling)
+        with _stopped_at(engine, deadline):
+            outs = _generate(engine, pad_id, [ops[i].prompt for i in members], ops[members[0]].sampling)
         sequences.update(zip(members, outs, strict=True))
     return [encode_sample(sequences[i], _prompt_logprobs(engine, op.prompt) if op.prompt_logprobs else None)
             for i, op in enumerate(ops)]  # fmt: skip

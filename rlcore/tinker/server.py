@@ -6,7 +6,9 @@ long-polls `/retrieve_future` and gets a protobuf body (forward_backward, sample
 others), or `{"error": ..., "category": "user"}`, which the SDK raises as one line. The client config
 the server announces turns off the JWT exchange (a plain `tml-` key works) and parallel chunk submission
 (chunks then arrive in seq_id order), and keeps the SDK's pyqwest transport (half httpx's cost a request).
-A body the endpoints cannot read is a 400 with one line.
+A body the endpoints cannot read is a 400 with one line. Every request first passes `rlcore.serving.guard`
+(`rlcore.tinker.serve` wraps the app: Host, content type, body size, key), and each request is checked against
+the server's limits (`rlcore.tinker.limits`) before anything sized by it is allocated.
 
 Not served, each refused in one line: images and audio in model inputs, top-k log-probs, targeted prompt
 log-probs, prompt alternatives, stability records, sampling a base model that no training client holds.
@@ -22,8 +24,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from rlcore.rollout.base import SamplingParams
+from rlcore.tinker import names
 from rlcore.tinker.errors import UserError
 from rlcore.tinker.futures import Futures, Result
+from rlcore.tinker.limits import check_samples
 from rlcore.tinker.ops import (
     CreateModel,
     FwdBwd,
@@ -35,7 +39,7 @@ from rlcore.tinker.ops import (
     Served,
     Worker,
 )
-from rlcore.tinker.sampling import SampleOp, sampling_params
+from rlcore.tinker.sampling import SampleOp, fitted, prompt_tokens, sampling_params
 from rlcore.tinker.wire import decode_forward_backward
 
 POLL_S = 20.0
@@ -63,7 +67,7 @@ class Api:
 
     def __init__(self, served: Served, supported: list[str]) -> None:
         self.served, self.supported = served, supported
-        self.futures = Futures()
+        self.futures = Futures(served.options.limits.max_futures)
         self.worker = Worker(served, self.futures)
 
     def submit(self, key: Any, op: Any, **extra: Any) -> dict:
@@ -86,23 +90,6 @@ def _need(body: dict, *names: str) -> list:
     if missing:
         raise UserError(f"the request lacks {', '.join(missing)}")
     return [body[n] for n in names]
-
-
-def _tokens(prompt: Any) -> tuple[int, ...]:
-    chunks = prompt.get("chunks", []) if isinstance(prompt, dict) else None
-    if chunks is None:
-        raise UserError("prompt: expected a ModelInput with chunks")
-    ids: list[int] = []
-    for k, chunk in enumerate(chunks):
-        if chunk.get("type", "encoded_text") != "encoded_text":
-            raise UserError(f"prompt chunk {k} is {chunk.get('type')}; this server takes token chunks only")
-        try:
-            ids.extend(int(t) for t in chunk.get("tokens", []))
-        except (TypeError, ValueError):
-            raise UserError(f"prompt chunk {k}: tokens must be integers") from None
-    if not ids:
-        raise UserError("prompt: an empty prompt")
-    return tuple(ids)
 
 
 def create_app(api: Api) -> FastAPI:
@@ -162,9 +149,9 @@ def create_app(api: Api) -> FastAPI:
         try:
             (base_model,) = _need(body, "base_model")
             rank = int((body.get("lora_config") or {}).get("rank", 0))
+            model_id = _model_id(body)
         except UserError as e:
             return api.failed(key, e)
-        model_id = _model_id(body)
         return api.submit(key, CreateModel(model_id, base_model, rank), model_id=model_id)
 
     @app.post("/api/v1/get_info")
@@ -208,7 +195,10 @@ def create_app(api: Api) -> FastAPI:
             key = ("train", body["model_id"], body.get("seq_id"))
             return api.submit(key, LoadState(body["model_id"], body.get("path", ""), optimizer, create=False))
         key = ("model", body.get("session_id"), body.get("model_seq_id"))
-        model_id = _model_id(body)
+        try:
+            model_id = _model_id(body)
+        except UserError as e:
+            return api.failed(key, e)
         return api.submit(key, LoadState(model_id, body.get("path", ""), optimizer, create=True), model_id=model_id)
 
     @app.post("/api/v1/save_weights_for_sampler")
@@ -228,7 +218,7 @@ def create_app(api: Api) -> FastAPI:
             raise UserError(f"{what}: this server samples weights saved by save_weights_for_sampler (by name) or "
                             "save_weights_and_get_sampling_client")  # fmt: skip
         sampler_id = f"sampler-{uuid.uuid4().hex[:12]}"
-        served.samplers[sampler_id] = sampler
+        served.add_sampler(sampler_id, sampler)
         return {"sampling_session_id": sampler_id, "type": "create_sampling_session"}
 
     @app.get("/api/v1/samplers/{sampler_id}")
@@ -242,19 +232,18 @@ def create_app(api: Api) -> FastAPI:
         body = await request.json()
         sampler_id, n = body.get("sampling_session_id"), int(body.get("num_samples", 1))
         key = ("sample", sampler_id, body.get("seq_id")) if body.get("seq_id") is not None else None
-        ids = [f"seq-{uuid.uuid4().hex[:12]}" for _ in range(max(n, 0))]
         try:
+            check_samples(n, served.options.limits)
             op = _sample_op(served, body, sampler_id, n)
         except UserError as e:
-            return {**api.failed(key, e), "sample_sequence_ids": ids}
-        return api.submit(key, op, sample_sequence_ids=ids)
+            return {**api.failed(key, e), "sample_sequence_ids": []}
+        return api.submit(key, op, sample_sequence_ids=[f"seq-{uuid.uuid4().hex[:12]}" for _ in range(n)])
 
     @app.post("/api/v1/retrieve_future")
     async def retrieve_future(request: Request) -> Response:
         (request_id,) = _need(await request.json(), "request_id")
         if not api.futures.known(request_id):
-            return JSONResponse({"error": f"unknown request {request_id} (results are kept 10 minutes)",
-                                 "category": "user"})  # fmt: skip
+            return JSONResponse({"error": api.futures.gone(request_id), "category": "user"})
         result = await api.futures.wait(request_id, POLL_S)
         if result is None:
             return JSONResponse({"type": "try_again", "request_id": request_id, "queue_state": "active"})
@@ -268,16 +257,18 @@ def create_app(api: Api) -> FastAPI:
 
 
 def _model_id(body: dict) -> str:
-    """A new model's id as the SDK derives it (it names a model loaded from a state before the answer)."""
+    """A new model's id as the SDK derives it (it names a model loaded from a state before the answer), its
+    session id checked (`rlcore.tinker.names`)."""
     session, seq = body.get("session_id"), body.get("model_seq_id")
-    if session is None or seq is None:
+    if session is None and seq is None:
         return f"m-{uuid.uuid4().hex[:12]}"
-    return f"{session}:train:{int(seq)}"
+    return names.model_id(session, seq)
 
 
 def _sampler(served: Served, sampler_id: Any) -> Sampler:
     if sampler_id not in served.samplers:
-        raise UserError(f"unknown sampling session {sampler_id!r}: get one from save_weights_and_get_sampling_client")
+        raise UserError(f"unknown sampling session {sampler_id!r}: get one from save_weights_and_get_sampling_client "
+                        f"(the newest {served.options.limits.max_sampling_sessions} are kept: --max-sampling-sessions)")  # fmt: skip
     return served.samplers[sampler_id]
 
 
@@ -288,8 +279,9 @@ def _sample_op(served: Served, body: dict, sampler_id: Any, n: int) -> SampleOp:
         raise UserError(f"sample: {', '.join(asked)} is not served here; ask for tokens, their log-probs and "
                         "prompt_logprobs")  # fmt: skip
     sampling: SamplingParams = sampling_params(body.get("sampling_params") or {}, n)
-    prompt = _tokens(body.get("prompt"))
+    prompt = prompt_tokens(body.get("prompt"))
     if min(prompt) < 0 or max(prompt) >= model.vocab:
         raise UserError(f"prompt token ids must lie in [0, {model.vocab}) for {model.base_model}")
+    sampling = fitted(sampling, prompt, model.context, model.base_model)
     return SampleOp(sampler_id=sampler_id, prompt=prompt, sampling=sampling,
                     prompt_logprobs=bool(body.get("prompt_logprobs")))  # fmt: skip

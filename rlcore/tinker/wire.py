@@ -3,7 +3,9 @@
 and `SampleResponse` results out. Everything else the SDK sends is JSON (`rlcore.tinker.server`).
 
 A datum arrives as its model input (token chunks, concatenated) and its named loss inputs; tensors come
-dense or sparse CSR, float32 or int64, and become torch tensors of that dtype and shape here.
+dense or sparse CSR, float32 or int64, and become torch tensors of that dtype and shape here. A tensor's
+shape is checked against the datum's token count (every loss input is one value per token) before anything
+of that shape is allocated, so a small body cannot make the server densify a huge one.
 """
 
 from __future__ import annotations
@@ -52,21 +54,41 @@ class ForwardBackward:
     forward_only: bool
 
 
-def _tensor(msg, where: str) -> Tensor:
+def _shape(msg, where: str, n: int) -> list[int]:
+    """The tensor's shape, if it holds at most `n` values (one per token of its datum), else a UserError."""
+    shape = [int(s) for s in msg.shape]
+    if any(s < 0 for s in shape) or math.prod(shape) > n:
+        raise UserError(f"{where}: shape {shape} holds more values than one per token for a datum of {n} tokens; "
+                        f"send shape [{n}]")  # fmt: skip
+    return shape
+
+
+def _buffer(data: bytes, dtype: type, where: str) -> Tensor:
+    if len(data) % np.dtype(dtype).itemsize:
+        raise UserError(f"{where}: {len(data)} bytes are not a whole number of {np.dtype(dtype).name} values")
+    return torch.from_numpy(np.frombuffer(data, dtype=dtype).copy())
+
+
+def _sparse(csr, shape: list[int], np_dtype: type, where: str) -> Tensor:
+    values, crow = _buffer(csr.values, np_dtype, where), _buffer(csr.crow_indices, np.int64, where)
+    col = _buffer(csr.col_indices, np.int64, where)
+    if len(shape) != 2 or len(crow) != shape[0] + 1 or len(col) != len(values) or len(values) > math.prod(shape):
+        raise UserError(f"{where}: a malformed sparse tensor (shape {shape}, {len(crow)} row offsets, {len(col)} "
+                        f"columns, {len(values)} values)")  # fmt: skip
+    try:
+        return torch.sparse_csr_tensor(crow, col, values, size=shape, check_invariants=True).to_dense()
+    except RuntimeError as e:
+        raise UserError(f"{where}: a malformed sparse tensor ({str(e).splitlines()[0]})") from None
+
+
+def _tensor(msg, where: str, n: int) -> Tensor:
     np_dtype = _np_dtype(msg.dtype)
     if np_dtype is None:
         raise UserError(f"{where}: dtype {msg.dtype} is not float32 or int64")
-    shape = [int(s) for s in msg.shape]
+    shape = _shape(msg, where, n)
     if msg.HasField("sparse_csr"):
-        csr = msg.sparse_csr
-        values = torch.from_numpy(np.frombuffer(csr.values, dtype=np_dtype).copy())
-        crow = torch.from_numpy(np.frombuffer(csr.crow_indices, dtype=np.int64).copy())
-        col = torch.from_numpy(np.frombuffer(csr.col_indices, dtype=np.int64).copy())
-        try:
-            return torch.sparse_csr_tensor(crow, col, values, size=shape).to_dense()
-        except RuntimeError as e:
-            raise UserError(f"{where}: a malformed sparse tensor ({str(e).splitlines()[0]})") from None
-    flat = torch.from_numpy(np.frombuffer(msg.dense, dtype=np_dtype).copy())
+        return _sparse(msg.sparse_csr, shape, np_dtype, where)
+    flat = _buffer(msg.dense, np_dtype, where)
     if not shape:
         shape = [flat.numel()]
     if math.prod(shape) != flat.numel():
@@ -100,8 +122,10 @@ def decode_forward_backward(body: bytes) -> ForwardBackward:
     data = []
     for i, d in enumerate(msg.data):
         where = f"datum {i}"
-        inputs = {name: _tensor(t, f"{where}: loss_fn_inputs[{name!r}]") for name, t in d.loss_fn_inputs.items()}
-        data.append(Datum(tokens=_tokens(d.model_input, where), inputs=inputs))
+        tokens = _tokens(d.model_input, where)
+        inputs = {name: _tensor(t, f"{where}: loss_fn_inputs[{name!r}]", len(tokens))
+                  for name, t in d.loss_fn_inputs.items()}  # fmt: skip
+        data.append(Datum(tokens=tokens, inputs=inputs))
     return ForwardBackward(model_id=msg.model_id, seq_id=int(msg.seq_id), loss_fn=msg.loss_fn, config=config,
                            data=tuple(data), forward_only=bool(msg.forward_only))  # fmt: skip
 

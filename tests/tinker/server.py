@@ -66,9 +66,9 @@ def _ready(lines: queue.Queue, proc: subprocess.Popen, timeout: float, workdir: 
 _CLIENTS: dict[str | None, list] = {}
 
 
-def client(url: str) -> tinker.ServiceClient:
-    """A ServiceClient of the server at `url`, closed when the server stops."""
-    made = tinker.ServiceClient(base_url=url, api_key="tml-rlcore-tests")
+def client(url: str, api_key: str = "tml-rlcore-tests") -> tinker.ServiceClient:
+    """A ServiceClient of the server at `url` sending `api_key`, closed when the server stops."""
+    made = tinker.ServiceClient(base_url=url, api_key=api_key)
     _CLIENTS.setdefault(url, []).append(made)
     return made
 

@@ -17,6 +17,10 @@ from tests.tinker.server import ROOT
         (["--port", "abc"], "Error parsing --port: invalid literal for int()"),
         (["--rollout-ranks", "1"], "--rollout-ranks 1: split placement needs 1 <= rollout ranks (1) < world size (1)"),
         (["--micro-batch-tokens", "-5"], "--micro-batch-tokens must be 0 (automatic) or a number of tokens"),
+        (["--api-key", "secret"], "--api-key: the tinker SDK sends only keys starting with tml-"),
+        (["--host", "0.0.0.0"], "--host 0.0.0.0 serves other machines: pass --api-key (or --api-key-file)"),
+        (["--max-samples", "0"], "--max-samples 0: give a positive bound"),
+        (["--model-roots", "/no/such/dir"], "--model-roots /no/such/dir: not a directory"),
     ],
 )
 def test_a_bad_flag_is_one_line_and_exit_code_2(flags, message):

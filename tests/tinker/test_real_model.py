@@ -15,7 +15,7 @@ WAIT = 300
 
 def test_smollm2_trains_and_samples_through_the_tinker_api(tmp_path):
     path = str(smollm2_gguf())
-    with running(tmp_path, threads=2) as url:
+    with running(tmp_path, "--model-roots", str(smollm2_gguf().parent), threads=2) as url:
         training = client(url).create_lora_training_client(base_model=path, rank=8).result(WAIT)
         tokenizer = training.get_tokenizer()
         assert "<|im_start|>" in tokenizer.chat_template and tokenizer.vocab_size == 49152
