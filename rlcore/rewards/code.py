@@ -19,16 +19,38 @@ is removed, else the last bare ``` block, else the whole text (verl's prime_code
   called. A return value passes when it equals the expected one after a JSON round trip (tuples
   become lists), or equals its only element when the expected value is a one-element list (APPS).
 - assert-style tests: `{"asserts": ["assert f(1) == 2", ...], "setup": "import math"}` (setup
-  optional); each assert is one test, run after the setup in the program's namespace. It passes
-  when it runs to the end: the harness then prints a random marker, so a program that exits early
-  with status 0 (`sys.exit(0)`) does not pass.
+  optional); each assert is one test, run after the setup; it passes when it runs to the end.
 For call-based and assert tests the program is loaded as a module named `solution`, so its
 `if __name__ == "__main__":` block does not run (as in verl); stdin/stdout programs run as
 `__main__`.
 
-Every test runs in its own `run_python` sandbox (`timeout_s`, `memory_mb` per test). After the
-first test that times out the remaining ones are not run and count as failed, so a solution that
-hangs costs one timeout, not one per test. Deliberate departures from verl's prime_code: no
+How the verdict is computed, out of the program's reach (code_rpc.py, code_wire.py): a stdin/stdout
+program runs in a `run_python` sandbox and its stdout is compared here. For the other formats the
+program runs in a sandbox as a server of its names: a harness loads it and answers calls,
+attribute and item lookups over a private channel (the program's own prints go to stderr). A call
+test is made from here: the result comes back in a tagged encoding that decodes to exact builtin
+types only (never pickle or eval, bounded in size and depth) and is compared here; an object that
+is not plain data comes back as a reference, which never equals an expected value. An assert test
+runs in a second sandbox of its own (own pid and net namespace, own tmpfs) where the program's
+names are proxies: results are plain data decoded as above, or references compared by identity; a
+program exception is raised there as an exception naming its type (a builtin type is also a base,
+so `except ValueError` in a test catches it). That sandbox alone says whether the assert ran to the
+end; this process only relays lines between the two. Reading its files, argv, frames or
+environment gives the program nothing that passes, and printing or writing to the channel only
+claims return values.
+
+What is still forgeable: a program sees each call's arguments and can special-case them (a lookup
+table of the tests' inputs passes). A test that takes a helper from the program (its own `check`,
+or `isclose` the program imported) trusts the program; names of builtins and of stdlib modules
+(`math.isclose`) are never taken from it. Not supported, so such tests fail: passing a callback or
+any other non-plain object of the test's (a lambda) to the program, setting attributes on the
+program's objects, arithmetic on them. An instance of a subclass of a plain type (Counter,
+namedtuple, IntEnum) comes back as its base type's plain value, losing its own attributes.
+
+Every test gets fresh sandboxes (`timeout_s`, `memory_mb` per test; the wall clock covers both of
+an assert's pair, and both are killed at its end), so no program state leaks between tests. After
+the first test that times out the remaining ones are not run and count as failed, so a solution
+that hangs costs one timeout, not one per test. Deliberate departures from verl's prime_code: no
 order-insensitive "set of tokens" comparison, no `from math import *`-style imports prepended to
 the program, no 10-test cap (use `max_tests`), and the program runs in a real sandbox (the
 standard library only) instead of in the scorer's process with some builtins disabled.
@@ -39,12 +61,12 @@ from __future__ import annotations
 import json
 import math
 import re
-import secrets
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rlcore.rewards.sandbox import SandboxResult, run_python
+from rlcore.rewards.code_rpc import NO_RESULT, Verdict, run_assert, run_call
+from rlcore.rewards.sandbox import run_python
+from rlcore.rewards.sandbox_pipe import PipeLimits
 
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -66,11 +88,40 @@ class CodeScore:
         return self.passed / self.total
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Case:
-    build: Callable[[str], str]  # program -> the main.py to run
+@dataclass(frozen=True, slots=True)
+class _StdioCase:
     stdin: str
-    judge: Callable[[str], bool]  # stdout of a run that exited 0 within limits -> passed
+    want: str
+
+    def judge(self, stdout: str) -> bool:
+        return outputs_match(stdout, self.want)
+
+    def run(self, program: str, limits: PipeLimits) -> Verdict:
+        result = run_python(program, stdin=self.stdin, timeout_s=limits.timeout_s, memory_mb=limits.memory_mb)
+        passed = result.ok and not result.truncated and self.judge(result.stdout)
+        return Verdict(passed=passed, timed_out=result.timed_out)
+
+
+@dataclass(frozen=True, slots=True)
+class _CallCase:
+    fn_name: str
+    args: list
+    want: Any
+
+    def run(self, program: str, limits: PipeLimits) -> Verdict:
+        got, timed_out = run_call(program, self.fn_name, self.args, limits)
+        return Verdict(passed=got is not NO_RESULT and _same(got, self.want), timed_out=timed_out)
+
+
+@dataclass(frozen=True, slots=True)
+class _AssertCase:
+    test: str  # setup, then one assert
+
+    def run(self, program: str, limits: PipeLimits) -> Verdict:
+        return run_assert(program, self.test, limits)
+
+
+_Case = _StdioCase | _CallCase | _AssertCase
 
 
 def compute_score(
@@ -96,15 +147,16 @@ def score_code(
 ) -> CodeScore:
     """Run the program of `solution_str` on each test of `ground_truth` (formats: module docstring)."""
     program = extract_program(solution_str)
-    cases = parse_tests(ground_truth, marker=f"rlcore-pass-{secrets.token_hex(8)}")
+    cases = parse_tests(ground_truth)
     cases = cases[:max_tests] if max_tests is not None else cases
+    limits = PipeLimits(timeout_s=timeout_s, memory_mb=memory_mb)
     passed = timeouts = 0
     for case in cases:
-        result = run_python(case.build(program), stdin=case.stdin, timeout_s=timeout_s, memory_mb=memory_mb)
-        if result.timed_out:
+        verdict = case.run(program, limits)
+        if verdict.timed_out:
             timeouts += 1
             break
-        passed += _passed(result, case)
+        passed += verdict.passed
     return CodeScore(passed=passed, total=len(cases), timeouts=timeouts)
 
 
@@ -117,8 +169,8 @@ def extract_program(solution_str: str) -> str:
     return python[-1] if python else bare[-1] if bare else text
 
 
-def parse_tests(ground_truth: Any, *, marker: str) -> list[_Case]:
-    """Test cases of a ground truth (dict or JSON string); `marker` is the assert harness's pass line."""
+def parse_tests(ground_truth: Any) -> list[_Case]:
+    """Test cases of a ground truth (dict or JSON string)."""
     tests = json.loads(ground_truth) if isinstance(ground_truth, (str, bytes)) else ground_truth
     if not isinstance(tests, dict) or not ({"inputs", "asserts"} & tests.keys()):
         raise ValueError(
@@ -136,13 +188,9 @@ def parse_tests(ground_truth: Any, *, marker: str) -> list[_Case]:
         if fn_name is not None and not (isinstance(fn_name, str) and fn_name.isidentifier()):
             raise ValueError(f'code ground_truth: "fn_name" must be a Python identifier, got {fn_name!r}')
         for given, expected in zip(inputs, outputs, strict=True):
-            cases.append(
-                _call_case(fn_name, given, expected, marker) if fn_name else _stdio_case(given, expected)
-            )
+            cases.append(_call_case(fn_name, given, expected) if fn_name else _stdio_case(given, expected))
     setup = tests.get("setup") or ""
-    for line in tests.get("asserts", []):
-        tail = f"exec(compile({setup + chr(10) + line!r}, 'tests.py', 'exec'), _ns)\nprint({marker!r})\n"
-        cases.append(_Case(build=_as_module(tail), stdin="", judge=_ends_with(marker)))
+    cases += [_AssertCase(f"{setup}\n{line}") for line in tests.get("asserts", [])]
     if not cases:
         raise ValueError("code ground_truth has no test cases")
     return cases
@@ -169,36 +217,19 @@ def _tokens_match(got: str, expected: str) -> bool:
 def _stdio_case(given: Any, expected: Any) -> _Case:
     stdin = "\n".join(given) if isinstance(given, list) else str(given)
     want = "\n".join(map(str, expected)) if isinstance(expected, list) else str(expected)
-    return _Case(build=lambda program: program, stdin=stdin, judge=lambda stdout: outputs_match(stdout, want))
+    return _StdioCase(stdin, want)
 
 
-def _call_case(fn_name: str, given: Any, expected: Any, marker: str) -> _Case:
+def _call_case(fn_name: str, given: Any, expected: Any) -> _Case:
     args = [json.loads(line) for line in given.split("\n")] if isinstance(given, str) else list(given)
     want = json.loads(expected) if isinstance(expected, str) else expected
-    tail = (
-        f"_fn = _ns['Solution']().{fn_name} if 'Solution' in _ns else _ns[{fn_name!r}]\n"
-        f"print({marker!r} + json.dumps(_fn(*json.loads(sys.stdin.read()))))\n"
-    )
-
-    def judge(stdout: str) -> bool:
-        line = stdout.rstrip("\n").rpartition("\n")[2]
-        if not line.startswith(marker):
-            return False
-        got = json.loads(line[len(marker) :])
-        return got == want or (isinstance(want, list) and len(want) == 1 and got == want[0])
-
-    return _Case(build=_as_module(tail), stdin=json.dumps(args), judge=judge)
+    return _CallCase(fn_name, args, want)
 
 
-def _as_module(tail: str) -> Callable[[str], str]:
-    """main.py that runs the program as module 'solution' (a __main__ block does not run), then `tail`."""
-    head = "import json, sys\n_ns = {'__name__': 'solution'}\n"
-    return lambda program: f"{head}exec(compile({program!r}, 'solution.py', 'exec'), _ns)\n{tail}"
-
-
-def _ends_with(marker: str) -> Callable[[str], bool]:
-    return lambda stdout: stdout.rstrip("\n").rpartition("\n")[2] == marker
-
-
-def _passed(result: SandboxResult, case: _Case) -> bool:
-    return result.ok and not result.truncated and case.judge(result.stdout)
+def _same(got: Any, want: Any) -> bool:
+    """A call's plain-data result against the expected one, after a JSON round trip (as verl's)."""
+    try:
+        got = json.loads(json.dumps(got))
+    except (TypeError, ValueError):  # not JSON data (a set, bytes, a reference to an object)
+        return False
+    return got == want or (isinstance(want, list) and len(want) == 1 and got == want[0])

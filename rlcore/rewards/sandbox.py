@@ -34,7 +34,8 @@ so that bwrap can bind an interpreter only root can reach (pyenv under /root); t
 65534 with no capabilities, and no process outside the sandbox runs as `HOST_UID` except bwrap.
 
 Where bubblewrap is missing or cannot create its namespaces, `run_python` raises
-`SandboxUnavailable` naming the fix; it never runs code unconfined.
+`SandboxUnavailable` naming the fix; it never runs code unconfined. sandbox_pipe.py runs the same
+sandbox with its stdin and stdout kept open for a line-oriented exchange (`_spawn`, `_Killer`).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 INSTALL_HINT = "apt-get install -y bubblewrap"
 WORKDIR = "/sandbox"
@@ -280,53 +281,15 @@ def _root_mode_userns() -> int:
 def _run(
     code: str, stdin: str, *, timeout_s: float, limits: tuple[int, ...], disk_mb: int, cap: int
 ) -> SandboxResult:
-    bwrap = _bwrap()
-    assert bwrap is not None
-    python = os.path.realpath(sys.executable)
     start = time.monotonic()
     with contextlib.ExitStack() as stack:
-        code_file = stack.enter_context(tempfile.TemporaryFile())
         stdin_file = stack.enter_context(tempfile.TemporaryFile())
-        code_file.write(code.encode("utf-8", errors="surrogatepass"))
         stdin_file.write(stdin.encode("utf-8", errors="surrogatepass"))
-        code_file.seek(0)
         stdin_file.seek(0)
-        info_read, info_write = os.pipe()  # bwrap reports the sandbox's pid 1 here
-        stack.callback(os.close, info_read)
-        identity, popen_kw = _identity(stack)
-        argv = _bwrap_argv(bwrap, python, code_file.fileno(), identity, disk_mb=disk_mb)
-        argv += [
-            "--info-fd",
-            str(info_write),
-            "--",
-            python,
-            "-I",
-            "-S",
-            "-B",
-            "-c",
-            _LAUNCHER,
-            *map(str, limits),
-        ]
-        popen_kw["pass_fds"] = (code_file.fileno(), info_write, *popen_kw["pass_fds"])
-        try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=stdin_file,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env={"PATH": _SYS_PATH, "LANG": "C.UTF-8"},
-                **popen_kw,
-            )
-        finally:
-            os.close(info_write)
+        proc, info_read = _spawn(stack, code, stdin_file, limits=limits, disk_mb=disk_mb)
         out, err, limit = _communicate(proc, info_read, deadline=start + timeout_s, cap=cap)
-    status = proc.returncode
-    exit_code = 128 - status if status < 0 else status  # bwrap itself killed: 128 + signal
     stderr = err[:cap].decode("utf-8", errors="replace")
-    if limit is None and exit_code == 128 + signal.SIGXCPU:
-        limit = "cpu_time"
-    if limit is None and exit_code != 0 and stderr.rstrip().rpartition("\n")[2].startswith("MemoryError"):
-        limit = "memory"
+    exit_code, limit = _classify(proc.returncode, stderr, limit)
     return SandboxResult(
         exit_code=exit_code,
         stdout=out[:cap].decode("utf-8", errors="replace"),
@@ -336,6 +299,49 @@ def _run(
         truncated=len(out) > cap or len(err) > cap,
         wall_s=time.monotonic() - start,
     )
+
+
+def _spawn(
+    stack: contextlib.ExitStack, code: str, stdin: Any, *, limits: tuple[int, ...], disk_mb: int
+) -> tuple[subprocess.Popen, int]:
+    """Start bwrap running `code` as main.py under the launcher's `limits`, stdout and stderr piped;
+    `stdin` is a file or subprocess.PIPE. Returns bwrap and the read end of its --info-fd (both
+    stay usable until `stack` closes)."""
+    bwrap = _bwrap()
+    assert bwrap is not None
+    python = os.path.realpath(sys.executable)
+    code_file = stack.enter_context(tempfile.TemporaryFile())  # noqa: SIM115 - closed with `stack`
+    code_file.write(code.encode("utf-8", errors="surrogatepass"))
+    code_file.seek(0)
+    info_read, info_write = os.pipe()  # bwrap reports the sandbox's pid 1 here
+    stack.callback(os.close, info_read)
+    identity, popen_kw = _identity(stack)
+    argv = _bwrap_argv(bwrap, python, code_file.fileno(), identity, disk_mb=disk_mb)
+    argv += ["--info-fd", str(info_write), "--", python, "-I", "-S", "-B", "-c", _LAUNCHER, *map(str, limits)]
+    popen_kw["pass_fds"] = (code_file.fileno(), info_write, *popen_kw["pass_fds"])
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={"PATH": _SYS_PATH, "LANG": "C.UTF-8"},
+            **popen_kw,
+        )
+    finally:
+        os.close(info_write)
+    return proc, info_read
+
+
+def _classify(status: int, stderr: str, limit: Limit | None) -> tuple[int, Limit | None]:
+    """bwrap's exit status as the program's exit code, and the limit that ended it (cpu_time and
+    memory are read from the status and the stderr tail)."""
+    exit_code = 128 - status if status < 0 else status  # bwrap itself killed: 128 + signal
+    if limit is None and exit_code == 128 + signal.SIGXCPU:
+        limit = "cpu_time"
+    if limit is None and exit_code != 0 and stderr.rstrip().rpartition("\n")[2].startswith("MemoryError"):
+        limit = "memory"
+    return exit_code, limit
 
 
 class _Killer:
@@ -370,6 +376,7 @@ class _Killer:
         """Stop bwrap, kill its children (pinned by pidfds), then bwrap."""
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.proc.pid, signal.SIGSTOP)  # a stopped bwrap starts no new child
+        _wait_stopped(self.proc.pid)  # SIGSTOP is asynchronous: a clone() under way ends first
         children = []
         for pid in _children(self.proc.pid):
             with contextlib.suppress(OSError):
@@ -380,9 +387,27 @@ class _Killer:
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)
             os.close(pidfd)
 
-    def close(self) -> None:
+    def reap(self) -> None:
+        """Wait for bwrap; if it still runs (after an error, or a sandbox that ignored its pid 1's
+        death), kill the tree first. Then release the pidfd."""
+        if self.proc.poll() is None:
+            self.kill_tree()
+            self.proc.wait()
         if self.pidfd is not None:
             os.close(self.pidfd)
+
+
+def _wait_stopped(pid: int, timeout_s: float = 1.0) -> None:
+    """Wait until `pid` is stopped or dead (at most `timeout_s`)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            return  # gone
+        if state in ("T", "t", "Z", "X"):
+            return
+        time.sleep(0.0005)
 
 
 def _children(pid: int) -> list[int]:
@@ -439,10 +464,7 @@ def _communicate(
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=_KILL_GRACE_S)
     finally:
-        if proc.poll() is None:  # only after an error or a sandbox that ignored its pid 1's death
-            killer.kill_tree()
-            proc.wait()
-        killer.close()
+        killer.reap()
         proc.stdout.close()
         proc.stderr.close()
     return bytes(buffers[out_fd]), bytes(buffers[err_fd]), limit
