@@ -396,6 +396,10 @@ class TrainerConfig:
     """The watchdog: when no phase of a step starts or ends for this long (a stuck collective, a phase
     that never returns), every rank prints its step, phase and stack and the run exits (code 4) with one
     line naming the rank that stalled; 0 turns it off."""
+    rendezvous_timeout_s: float = 300.0
+    """Under torchrun: how long the ranks of a world (the first, or one torchrun restarted after a lost
+    rank) may take to all meet before each rank that came exits (code 5) with one line naming itself,
+    the store's address and the likely cause, instead of waiting forever."""
     profile_steps: str = ""
     """A:B writes a torch.profiler Chrome trace of steps A to B per rank to out_dir/profile/ ("": off)."""
     freed_memory: Literal["keep", "trim", "unmap"] = "keep"

@@ -6,8 +6,9 @@
 #SBATCH --cpus-per-task=64
 #SBATCH --time=24:00:00
 #SBATCH --output=%x-%j.log
-# GRPO on 2 Slurm nodes x 8 GPUs: one task per node runs torchrun (examples/multinode.sh) with node 0 as the
-# rendezvous. PLACEMENT=split puts the rollout ranks (vLLM) on node 0 and the trainer ranks on node 1.
+# GRPO on 2 Slurm nodes x 8 GPUs: one task per node runs torchrun (examples/multinode.sh) with the c10d
+# rendezvous on the job's first node, its id the job id. PLACEMENT=split puts the rollout ranks (vLLM) on the
+# node torchrun numbers 0 and the trainer ranks on the other.
 #
 #   sbatch examples/slurm_2x8.sh                                   # colocated: every GPU generates and trains
 #   PLACEMENT=split sbatch examples/slurm_2x8.sh --pipeline.push delta
@@ -18,11 +19,11 @@
 set -euo pipefail
 cd "${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}"
 MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-export MASTER_ADDR MASTER_PORT=${MASTER_PORT:-29500} NNODES=$SLURM_NNODES GPUS=8
+export MASTER_ADDR MASTER_PORT=${MASTER_PORT:-29400} NNODES=$SLURM_NNODES GPUS=8 RDZV=c10d RDZV_ID=$SLURM_JOB_ID
 export OUT=${OUT:-runs/grpo-slurm} RLCORE_CACHE=${RLCORE_CACHE:-/tmp/$USER/rlcore-cache} TMPDIR=${TMPDIR:-/tmp/$USER}
 SPLIT=()
 if [ "${PLACEMENT:-colocate}" = split ]; then
     SPLIT=(--pipeline.placement split --pipeline.rollout-ranks 8 --pipeline.max-staleness 1)
 fi
-# one task per node; each learns its node rank from Slurm (quoted: expanded on that node)
-srun --kill-on-bad-exit=0 bash -c 'NODE_RANK=$SLURM_NODEID exec bash examples/multinode.sh "$@"' _ "${SPLIT[@]}" "$@"
+# one task per node; the launchers take their node ranks from the rendezvous
+srun --kill-on-bad-exit=0 bash examples/multinode.sh "${SPLIT[@]}" "$@"

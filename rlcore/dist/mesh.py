@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from rlcore.dist.rendezvous import launcher_hosts_store, world_store
+
 if sys.version_info >= (3, 11):
     from enum import StrEnum
 else:  # Python 3.10: the same behaviour for our use (members are their string values)
@@ -83,22 +85,13 @@ def _resolve_device(device: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def attempt_store() -> dist.Store:
-    """The key-value store torchrun's rendezvous gives this world (env://), its keys under a prefix of this
-    attempt (TORCHELASTIC_RESTART_COUNT). torchrun's agent keeps one store for the job and hands it to every
-    attempt, so a world restarted after a lost rank would read the addresses the dead attempt's ranks
-    published and never connect (gloo: `connectFullMesh ... Connection refused`); with the prefix each
-    attempt meets only its own ranks."""
-    store, _, _ = next(dist.rendezvous("env://"))
-    return dist.PrefixStore(f"rlcore/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
-
-
-def init_distributed(device: str = "auto") -> DistInfo:
+def init_distributed(device: str = "auto", *, rendezvous_timeout_s: float = 300.0) -> DistInfo:
     """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT).
 
     Without torchrun (or with WORLD_SIZE=1) this is one process and no process group is created.
     If a process group already exists (tests that create it themselves), it is used as it is.
     The backend is nccl on cuda and gloo on cpu. `device` is auto (cuda when available), cpu or cuda.
+    A world whose ranks do not all meet within `rendezvous_timeout_s` raises `rlcore.dist.rendezvous.WorldNotFormed`.
     """
     if dist.is_available() and dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
@@ -111,7 +104,7 @@ def init_distributed(device: str = "auto") -> DistInfo:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     resolved = _resolve_device(device, local_rank)
     if world > 1:
-        store = attempt_store()
+        store = world_store(rank, world, rendezvous_timeout_s)
         if resolved.type == "cuda":
             torch.cuda.set_device(resolved)
             dist.init_process_group("nccl", device_id=resolved, store=store, rank=rank, world_size=world)
@@ -154,20 +147,21 @@ def mesh_problem(world_size: int, *, replicate: int = 1, sp: int = 1, tp: int = 
 
 
 LINGER_S = 3.0
-"""Seconds the first node's ranks stay after a clean finish of a multi-node run (`leave_in_order`)."""
+"""Seconds the ranks of the node whose launcher hosts the rendezvous store stay after a clean finish of a
+multi-node run (`leave_in_order`)."""
 
 
 def leave_in_order() -> None:
-    """At a clean finish, before anything closes: every rank waits for the others (a barrier), then,
-    under a multi-node torchrun, the first node's ranks stay `LINGER_S` longer. That node's launcher hosts
-    the rendezvous store, and torchrun's launchers meet in an exit barrier on it: when the host arrives
-    first, it may shut the store down while another launcher's last request is in flight, which that
-    launcher logs as a `DistNetworkError` traceback after a run that succeeded. Arriving last, it sets the
-    barrier's key itself and the others are already waiting. No effect without a process group we made."""
+    """At a clean finish, before anything closes: every rank waits for the others (a barrier), then, under
+    a multi-node torchrun, the ranks whose launcher hosts the rendezvous store stay `LINGER_S` longer.
+    torchrun's launchers meet in an exit barrier on that store: when its host arrives first, it may shut
+    the store down while another launcher's last request is in flight, which that launcher logs as a
+    `DistNetworkError` traceback after a run that succeeded. Arriving last, it sets the barrier's key itself
+    and the others are already waiting. No effect without a process group we made."""
     if not (_CREATED and dist.is_initialized()):
         return
     dist.barrier()
-    if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1 and os.environ.get("GROUP_RANK", "0") == "0":
+    if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1 and launcher_hosts_store():
         time.sleep(LINGER_S)
 
 

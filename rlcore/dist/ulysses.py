@@ -185,7 +185,7 @@ class SequenceLayout:
 
     def shift(self, x: Tensor, fill: int | float = 0) -> Tensor:
         """(m, s) in the batch's columns -> (m, width): row i's column j + offset[i] at j, `fill` past its end."""
-        m, s = x.shape
+        s = x.shape[1]  # (m, s)
         src = torch.arange(self.width, device=x.device)[None, :] + self.offset[:, None]  # (m, width)
         inside = src < s
         return torch.where(inside, x.gather(1, src.clamp(max=s - 1)), torch.full_like(src, fill, dtype=x.dtype))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sys
 from datetime import datetime
@@ -49,8 +50,11 @@ def build(
     """The run of `cfg`, resolved (`rlcore.trainer.defaults.resolve`); `defaulted` names the values its
     model's kind gave it (`defaults.defaulted` of the user's config): printed first, kept in config.json."""
     defaulted = defaulted or {}
+    timeout = cfg.trainer.rendezvous_timeout_s
+    if not (timeout > 0 and math.isfinite(timeout)):  # before the world forms: preflight needs it formed
+        raise ConfigError(f"--trainer.rendezvous-timeout-s {timeout}: must be a number of seconds > 0")
     try:
-        info = init_distributed(cfg.trainer.device)
+        info = init_distributed(cfg.trainer.device, rendezvous_timeout_s=timeout)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     preflight(cfg, info)  # every check that needs no weights, in one pass

@@ -19,6 +19,7 @@ import sys
 from configs import Config
 from rlcore.algorithm import Algorithm
 from rlcore.dist.mesh import close_distributed, group_rank, group_size, leave_in_order
+from rlcore.dist.rendezvous import WorldNotFormed
 from rlcore.plan import StepPlan
 from rlcore.rewards.pool import RewardError
 from rlcore.state import TrainState
@@ -58,6 +59,9 @@ def run(cfg: Config) -> int:
         print(f"error: {e}", file=sys.stderr)
         close_distributed()
         return 2
+    except WorldNotFormed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_PEER_LOST
     except KeyboardInterrupt:
         print("interrupted while starting; nothing was trained", file=sys.stderr)
         close_distributed()
