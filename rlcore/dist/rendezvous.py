@@ -101,10 +101,23 @@ _GRACE_S = 5.0
 def _not_formed(rank: int, world: int, timeout_s: float, error: Exception | None) -> str:
     where = f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ.get('MASTER_PORT', '29500')}"
     why = "the store never answered" if error is None else str(error).strip().splitlines()[0][:160]
-    return (f"rank {rank} of {world}: the world did not form within {timeout_s:g} s through the store at {where} "
-            f"({why}). Likely: another rank or node did not start or died before joining, MASTER_ADDR/MASTER_PORT "
-            "(torchrun's --master-addr/--master-port or --rdzv-endpoint) is not reachable from this node, or "
-            "another process holds that port; raise --trainer.rendezvous-timeout-s if nodes start slowly")  # fmt: skip
+    return (f"rank {rank} of {world} ({rendezvous_backend()}): the world did not form within {timeout_s:g} s "
+            f"through the store at {where} ({why}). Likely: another rank or node did not start or died before "
+            "joining, MASTER_ADDR/MASTER_PORT (torchrun's --master-addr/--master-port or --rdzv-endpoint) is not "
+            "reachable from this node, or another process holds that port; raise --trainer.rendezvous-timeout-s "
+            "if nodes start slowly")  # fmt: skip
+
+
+def rendezvous_backend() -> str:
+    """How this world was launched, for messages: torchrun's `--rdzv-backend` (static when it names none),
+    or "no torchrun" (RANK and WORLD_SIZE set by hand)."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return "no torchrun: env:// rendezvous"
+    try:
+        backend = _launcher_flag(os.getppid(), "--rdzv-backend")
+    except OSError:
+        return "torchrun"
+    return f"torchrun, {backend or 'static'} rendezvous"
 
 
 def launcher_hosts_store() -> bool:
@@ -141,12 +154,20 @@ def _is_socket(fd: Path) -> bool:
 
 
 def _endpoint_port(pid: int) -> int | None:
-    """The port of `--rdzv-endpoint HOST:PORT` (or `--rdzv_endpoint=`) on process `pid`'s command line."""
+    """The port of `--rdzv-endpoint HOST:PORT` on process `pid`'s command line."""
+    endpoint = _launcher_flag(pid, "--rdzv-endpoint")
+    if endpoint is None:
+        return None
+    port = endpoint.rpartition(":")[2]
+    return int(port) if port.isdigit() else 29400  # torchrun's default c10d port
+
+
+def _launcher_flag(pid: int, flag: str) -> str | None:
+    """The value of `flag` (`--a-b VALUE`, `--a_b VALUE` or `--a-b=VALUE`) on process `pid`'s command line."""
     args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    spellings = (flag, flag[:2] + flag[2:].replace("-", "_"))
     for i, arg in enumerate(args):
-        flag, eq, value = arg.partition("=")
-        if flag in ("--rdzv-endpoint", "--rdzv_endpoint"):
-            endpoint = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-            port = endpoint.rpartition(":")[2]
-            return int(port) if port.isdigit() else 29400  # torchrun's default c10d port
+        name, eq, value = arg.partition("=")
+        if name in spellings:
+            return value if eq else (args[i + 1] if i + 1 < len(args) else "")
     return None
