@@ -110,7 +110,7 @@ def _not_formed(rank: int, world: int, timeout_s: float, error: Exception | None
 
 def rendezvous_backend() -> str:
     """How this world was launched, for messages: torchrun's `--rdzv-backend` (static when it names none),
-    or "no torchrun" (RANK and WORLD_SIZE set by hand)."""
+    or "no torchrun" (RANK and WORLD_SIZE set in the environment)."""
     if "TORCHELASTIC_RUN_ID" not in os.environ:
         return "no torchrun: env:// rendezvous"
     try:
