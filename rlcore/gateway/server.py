@@ -84,6 +84,7 @@ from rlcore.gateway.translate import (
     usage,
     uses_tools,
 )
+from rlcore.models.policy import context_length
 from rlcore.rollout.base import RolloutEngine, SamplingParams
 from rlcore.rollout.chat import TOOL_CALL_FORMATS
 from rlcore.serving.guard import JSON_ONLY, Guard, GuardFlags, Key, guarded, local_hosts
@@ -195,15 +196,6 @@ def create_app(served: Served) -> FastAPI:
     return app
 
 
-def context_length(engine: RolloutEngine, tokenizer: Any) -> int:
-    """The model's context: its (text) config's `max_position_embeddings` (a vision-language model's is its
-    language model's, as `rlcore.trainer.model_checks.max_positions` reads it), else the tokenizer's
-    `model_max_length`."""
-    config = getattr(engine.module, "config", None)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return int(getattr(text, "max_position_embeddings", None) or tokenizer.model_max_length)
-
-
 MAX_BODY_BYTES = 16 << 20
 """A request body's default bound: a 128k-token conversation is well under 1 MiB of JSON."""
 
@@ -244,7 +236,7 @@ class Gateway:
         if max_body_bytes < 1 or max_n < 1:
             raise ValueError(f"max_body_bytes={max_body_bytes}, max_n={max_n}: both must be >= 1")
         self.host, self.port = host, port
-        limits = Limits(max_context=max_context or context_length(engine, tokenizer),
+        limits = Limits(max_context=max_context or context_length(engine.module, tokenizer),
                         default_max_tokens=default_max_tokens, max_n=max_n)  # fmt: skip
         self._engine, self._tokenizer, self._limits = engine, tokenizer, limits
         self._options = {"key": key, "model_name": model_name, "call_format": call_format}

@@ -71,7 +71,3 @@ class Deadline:
     def message(self, what: str, done: str) -> str:
         return (f"{what} ran past the server's --op-timeout-s ({self.timeout_s:g} s) and was stopped {done}: send "
                 "less in one request, or start the server with a larger --op-timeout-s")  # fmt: skip
-
-
-NEVER = Deadline(float("inf"), float("inf"))
-"""No deadline (an operation run outside the worker)."""

@@ -29,7 +29,7 @@ from configs import Config, ConfigError, ModelConfig, RolloutConfig, TrainerConf
 from rlcore.data.prompts import pad_token_id
 from rlcore.dist.checkpoint import load_checkpoint, save_checkpoint
 from rlcore.tinker.errors import UserError
-from rlcore.tinker.limits import NEVER, Deadline, Limits, check_rank
+from rlcore.tinker.limits import Deadline, Limits, check_rank
 from rlcore.tinker.losses import check_inputs, loss_of
 from rlcore.tinker.names import check_base_model, checked, under
 from rlcore.tinker.rows import datum_rows, packed_inputs, right_aligned, row_inputs, row_logprobs, sequence_of
@@ -75,6 +75,7 @@ class TrainedModel:
 
     def __init__(self, model_id: str, base_model: str, lora_rank: int, options: ServeOptions, placement: Any) -> None:
         from rlcore.models.fields import takes_images
+        from rlcore.models.policy import context_length
         from rlcore.trainer import models
 
         check_rank(lora_rank, options.limits)
@@ -95,7 +96,7 @@ class TrainedModel:
         self.pad_id = pad_token_id(self.tokenizer)
         self.vocab = int(module.get_input_embeddings().num_embeddings)
         self.arch = type(module).__name__
-        self.context = int(getattr(module.config, "max_position_embeddings", 0) or 2**31)
+        self.context = context_length(module, self.tokenizer)
         self.version = 0
         self.engine_version: int | None = None
 
@@ -126,7 +127,7 @@ class TrainedModel:
 
     def forward_backward(
         self, data: Sequence[Datum], loss_fn: str, config: Mapping[str, float], *, forward_only: bool,
-        deadline: Deadline = NEVER,
+        deadline: Deadline,
     ) -> tuple[list[Tensor], dict[str, float]]:
         """(each datum's log-probs of its targets (N,), {"loss:sum": ...}) on rank 0 (other ranks: an empty
         list); the gradient of the loss sum is added to the parameters' unless `forward_only`. Past `deadline`

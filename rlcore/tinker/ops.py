@@ -26,7 +26,7 @@ import torch.distributed as dist
 from rlcore.tinker import split
 from rlcore.tinker.errors import UserError
 from rlcore.tinker.futures import Futures, Result
-from rlcore.tinker.limits import NEVER, Deadline, check_models
+from rlcore.tinker.limits import Deadline, check_models
 from rlcore.tinker.model import ServeOptions, TrainedModel, state_extra
 from rlcore.tinker.names import checked, under
 from rlcore.tinker.sampling import SampleOp, run_samples
@@ -101,14 +101,13 @@ class Sampler:
 
 class Served:
     """What every rank holds: the models by id (and, on rank 0, the sampling sessions: the newest
-    --max-sampling-sessions of them), and the deadline of the operation running (`--op-timeout-s`)."""
+    --max-sampling-sessions of them)."""
 
     def __init__(self, options: ServeOptions, placement: Any) -> None:
         self.options, self.placement = options, placement
         self.models: dict[str, TrainedModel] = {}
         self.samplers: dict[str, Sampler] = {}
         self.sampler_paths: dict[str, Sampler] = {}
-        self.deadline = NEVER
         self._lock = threading.Lock()
 
     def add_sampler(self, sampler_id: str, sampler: Sampler) -> None:
@@ -132,11 +131,9 @@ class Served:
         placement an operation on the trained model alone runs on the trainer ranks, and the trainer leader
         hands its result (or its failure) to rank 0 (`rlcore.tinker.split`). What it freed goes back to the
         kernel after it (`rlcore.trainer.memory.give_back`)."""
-        self.deadline = Deadline.start(self.options.limits)
         try:
             return self._run(op)
         finally:
-            self.deadline = NEVER
             give_back()
 
     def _run(self, op: Any) -> Result | None:
@@ -180,7 +177,7 @@ def _create(s: Served, op: CreateModel) -> Result:
 def _fwdbwd(s: Served, op: FwdBwd) -> Result:
     r = op.request
     rows, metrics = s.model(r.model_id).forward_backward(r.data, r.loss_fn, r.config, forward_only=r.forward_only,
-                                                         deadline=s.deadline)  # fmt: skip
+                                                         deadline=Deadline.start(s.options.limits))  # fmt: skip
     return Result(proto=encode_forward_backward([{"logprobs": lp} for lp in rows], metrics))
 
 

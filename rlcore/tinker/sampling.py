@@ -6,19 +6,19 @@ and, when asked, its prompt's log-probs under the sampler's weights. Past the op
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from rlcore.batch import Batch
 from rlcore.data.prompts import left_pad
 from rlcore.rollout.base import SamplingParams
 from rlcore.rollout.sampling import check_sampling
 from rlcore.tinker.errors import UserError
-from rlcore.tinker.limits import NEVER, Deadline
+from rlcore.tinker.limits import Deadline
 from rlcore.tinker.rows import prompt_row, right_aligned, row_inputs, row_logprobs
 from rlcore.tinker.wire import Sampled, encode_sample
 
@@ -82,23 +82,17 @@ def fitted(sampling: SamplingParams, prompt: Sequence[int], context: int, model:
     return dataclasses.replace(sampling, max_tokens=min(sampling.max_tokens, context - len(prompt)))
 
 
-@contextlib.contextmanager
-def _stopped_at(engine: Any, deadline: Deadline) -> Iterator[None]:
-    """Within the block, `engine.generate` raises a UserError at the first decode step past `deadline` (an
-    engine without the `each_step` hook is bounded by --max-samples and the context alone)."""
-    if deadline is NEVER or not hasattr(engine, "each_step"):
-        yield
-        return
+def _stop_past(deadline: Deadline) -> Callable[[Tensor], None]:
+    """The engine's `each_step` hook that stops a `generate` at its first decode step past `deadline`."""
 
-    def check(sampled: Any) -> None:
+    def check(sampled: Tensor) -> None:
         if deadline.passed():
             raise UserError(deadline.message("sample", f"after {int(sampled.max())} tokens; nothing was returned"))
 
-    with engine.each_step(check):
-        yield
+    return check
 
 
-def run_samples(engine: Any, pad_id: int, ops: Sequence[SampleOp], deadline: Deadline = NEVER) -> list[bytes]:
+def run_samples(engine: Any, pad_id: int, ops: Sequence[SampleOp], deadline: Deadline) -> list[bytes]:
     """Each request's `SampleResponse` body, in order (see the module docstring for the batching)."""
     groups: dict[Any, list[int]] = {}
     for i, op in enumerate(ops):
@@ -106,7 +100,7 @@ def run_samples(engine: Any, pad_id: int, ops: Sequence[SampleOp], deadline: Dea
         groups.setdefault(key, []).append(i)
     sequences: dict[int, list[Sampled]] = {}
     for members in groups.values():
-        with _stopped_at(engine, deadline):
+        with engine.each_step(_stop_past(deadline)):
             outs = _generate(engine, pad_id, [ops[i].prompt for i in members], ops[members[0]].sampling)
         sequences.update(zip(members, outs, strict=True))
     return [encode_sample(sequences[i], _prompt_logprobs(engine, op.prompt) if op.prompt_logprobs else None)
