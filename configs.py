@@ -73,8 +73,10 @@ class DataConfig:
     train_files: tuple[str, ...] = ("builtin:reverse",)
     """Parquet/jsonl files in verl's row format, or builtin:<task>: reverse, sort, add, countdown, calc
     (multi-turn: the calculator tool), shapes (images: a vision-language model)."""
-    val_files: tuple[str, ...] = ("builtin:reverse",)
-    """Validation files (same formats); empty turns validation off."""
+    val_files: tuple[str, ...] | None = None
+    """Validation files (same formats); empty turns validation off. None: follows the training data. Generated
+    tasks (builtin:, reasoning_gym:) validate on their own held-out rows; files of yours turn validation off
+    (said in one line at start), since only you know which of your rows are held out."""
     batch_size: int = 32
     """Prompts per step (each sampled rollout.n times)."""
     max_prompt_length: int = 512

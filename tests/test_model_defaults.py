@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from configs import PRESETS, Config, CriticConfig, OptimConfig, RewardConfig, RolloutConfig
+from configs import PRESETS, Config, CriticConfig, DataConfig, OptimConfig, RewardConfig, RolloutConfig
 from rlcore.models.policy import BUILTIN_MODELS, load_policy
 from rlcore.trainer.cli import parse
-from rlcore.trainer.defaults import default_lines, defaulted, model_kind, resolve
+from rlcore.trainer.defaults import default_lines, defaulted, model_kind, resolve, validation_files
 from rlcore.trainer.logger import read_metrics
 from tests.smoke.test_train import ok, train
 
@@ -66,7 +66,8 @@ def test_the_readme_qwen_example_resolves_to_the_pretrained_defaults(qwen_dir, t
     # 2 GiB of saved activations and logits: per token 24 layers x (13 x 896 + 4 x 4864) x 4 bytes + 8 x 151936
     per_token = 24 * (13 * 896 + 4 * 4864) * 4 + 8 * 151936
     assert defaulted(cfg) == {"optim.lr": 1e-6, "critic.lr": 1e-5, "rollout.max_tokens": 512,
-                              "algo.max_tokens_per_micro_batch": 2048 * 2**20 // per_token}  # fmt: skip
+                              "algo.max_tokens_per_micro_batch": 2048 * 2**20 // per_token,
+                              "data.val_files": ()}  # fmt: skip (the user's files: validation off)
     assert resolved.algo.max_tokens_per_micro_batch == 511
     rows = parse(["grpo", *example, "--algo.micro-batch-size", "8"])  # rows the user chose win
     assert "algo.max_tokens_per_micro_batch" not in defaulted(rows) and resolve(rows).algo.max_tokens_per_micro_batch is None
@@ -97,13 +98,14 @@ def test_a_builtin_model_resolves_to_the_values_before_issue_56(name):
 def test_the_default_config_resolves_to_the_concrete_config_of_before():
     """The embedded default, field for field the config every run had before issue 56."""
     base = PRESETS["grpo"][1]
+    reverse = DataConfig(val_files=("builtin:reverse",))  # validates on the training task's held-out rows
     before = dataclasses.replace(base, optim=OptimConfig(lr=1e-3), critic=CriticConfig(lr=1e-3),
-                                 rollout=RolloutConfig(max_tokens=12))  # fmt: skip
+                                 rollout=RolloutConfig(max_tokens=12), data=reverse)  # fmt: skip
     assert resolve(parse([])) == before
     dapo = PRESETS["dapo"][1]
     assert resolve(dapo) == dataclasses.replace(
         dapo, optim=OptimConfig(lr=1e-3), critic=CriticConfig(lr=1e-3), rollout=RolloutConfig(max_tokens=12),
-        reward=RewardConfig(overlong_buffer_length=4),
+        reward=RewardConfig(overlong_buffer_length=4), data=reverse,
     )  # fmt: skip
 
 
@@ -111,7 +113,8 @@ def test_the_default_config_resolves_to_the_concrete_config_of_before():
 def test_a_value_the_user_gives_wins(path, qwen_dir):
     path = str(qwen_dir) if path == "qwen" else path
     given = ["--optim.lr", "3e-6", "--critic.lr", "2e-4", "--rollout.max-tokens", "64",
-             "--reward.overlong-buffer-length", "7", "--algo.max-tokens-per-micro-batch", "300"]  # fmt: skip
+             "--reward.overlong-buffer-length", "7", "--algo.max-tokens-per-micro-batch", "300",
+             "--data.val-files", "builtin:sort"]  # fmt: skip
     for preset in ("grpo", "dapo", "ppo"):
         cfg = parse([preset, "--model.path", path, *given, "--model.lora-rank", "8"])
         assert defaulted(cfg) == {}
@@ -122,7 +125,7 @@ def test_a_value_the_user_gives_wins(path, qwen_dir):
     cfg = parse(["dapo", "--model.path", path, "--rollout.max-tokens", "1000"])
     expected = 4 if path.startswith("builtin:") else 200
     micro = set() if path.startswith("builtin:") else {"algo.max_tokens_per_micro_batch"}
-    assert set(defaulted(cfg)) == {"optim.lr", "critic.lr", "reward.overlong_buffer_length"} | micro
+    assert set(defaulted(cfg)) == {"optim.lr", "critic.lr", "reward.overlong_buffer_length", "data.val_files"} | micro
     assert resolve(cfg).rollout.max_tokens == 1000 and resolve(cfg).reward.overlong_buffer_length == expected
     assert cfg.rollout.max_tokens == 1000 and cfg.optim.lr is None  # the user's config is left as it was
 
@@ -163,7 +166,7 @@ def test_a_builtin_run_prints_and_records_its_defaults(tmp_path):
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["defaulted"] == {
         "model_kind": "builtin",
-        "values": {"optim.lr": 1e-3, "critic.lr": 1e-3, "rollout.max_tokens": 12},
+        "values": {"optim.lr": 1e-3, "critic.lr": 1e-3, "rollout.max_tokens": 12, "data.val_files": ["builtin:reverse"]},
     }
     resolved = (config["optim"]["lr"], config["critic"]["lr"], config["rollout"]["max_tokens"])
     assert resolved == (1e-3, 1e-3, 12)
@@ -195,7 +198,8 @@ def test_a_pretrained_directory_run_prints_and_records_its_defaults(tmp_path):
     assert config["defaulted"] == {
         "model_kind": "pretrained",
         "values": {"optim.lr": 1e-6, "critic.lr": 1e-5, "rollout.max_tokens": 512,
-                   "reward.overlong_buffer_length": 102, "algo.max_tokens_per_micro_batch": micro},
+                   "reward.overlong_buffer_length": 102, "algo.max_tokens_per_micro_batch": micro,
+                   "data.val_files": ["builtin:reverse"]},
     }  # fmt: skip
     assert config["algo"]["max_tokens_per_micro_batch"] == micro
     assert (config["rollout"]["max_tokens"], config["reward"]["overlong_buffer_length"]) == (512, 102)
@@ -207,5 +211,59 @@ def test_a_pretrained_directory_run_prints_and_records_its_defaults(tmp_path):
     assert proc.stdout.splitlines()[0] == critic
     assert not [line for line in proc.stdout.splitlines() if "(default for" in line][1:]
     config = json.loads((tmp_path / "given" / "config.json").read_text())
-    assert config["defaulted"]["values"] == {"critic.lr": 1e-5}
+    assert config["defaulted"]["values"] == {"critic.lr": 1e-5, "data.val_files": ["builtin:reverse"]}
     assert (config["optim"]["lr"], config["rollout"]["max_tokens"]) == (2e-5, 8)
+
+
+# ---- validation follows the training data ----
+
+
+def test_unset_validation_follows_generated_tasks_and_is_off_for_files():
+    assert validation_files(("builtin:reverse",)) == ("builtin:reverse",)
+    assert validation_files(("builtin:sort", "reasoning_gym:chain_sum")) == ("builtin:sort", "reasoning_gym:chain_sum")
+    assert validation_files(("mine.parquet",)) == ()
+    assert validation_files(("builtin:reverse", "mine.jsonl")) == ()  # never the toy half of a mixture
+    assert resolve(parse(["grpo", "--data.train-files", "builtin:sort"])).data.val_files == ("builtin:sort",)
+    given = parse(["grpo", "--data.train-files", "a.parquet", "--data.val-files", "b.parquet"])
+    assert "data.val_files" not in defaulted(given) and resolve(given).data.val_files == ("b.parquet",)
+    off = parse(["grpo", "--data.train-files", "a.parquet", "--data.val-files"])
+    assert "data.val_files" not in defaulted(off) and resolve(off).data.val_files == ()
+
+
+def test_the_validation_line_names_the_tasks_or_the_flag_that_turns_it_on():
+    on, off = default_lines({"data.val_files": ("builtin:sort",)}, kind="builtin"), default_lines(
+        {"data.val_files": ()}, kind="pretrained")  # fmt: skip
+    assert on == ["data.val-files builtin:sort (default: the training tasks' held-out rows; --data.val-files to change)"]
+    assert len(off) == 1 and off[0].startswith("validation off:") and "--data.val-files FILE" in off[0]
+
+
+def _rows_file(path: Path, n: int) -> Path:
+    from rlcore.data.tasks import generate_rows
+
+    path.write_text("".join(json.dumps(row) + "\n" for row in generate_rows("reverse", "train", n)))
+    return path
+
+
+def test_a_run_on_the_users_files_does_not_validate_on_the_toy(tmp_path):
+    rows = _rows_file(tmp_path / "mine.jsonl", 16)
+    proc = train("grpo", *RUN, "--trainer.val-every", "1", "--data.train-files", str(rows), out=tmp_path / "run")
+    ok(proc)
+    said = [line for line in proc.stdout.splitlines() if line.startswith("validation off:")]
+    assert len(said) == 1 and "--data.val-files" in said[0]
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["data"]["val_files"] == []
+    assert not [k for record in read_metrics(tmp_path / "run" / "metrics.jsonl") for k in record if k.startswith("val/")]
+    # the same run given its held-out rows validates on them
+    held_out = _rows_file(tmp_path / "held_out.jsonl", 4)
+    proc = train("grpo", *RUN, "--trainer.val-every", "1", "--data.train-files", str(rows),
+                 "--data.val-files", str(held_out), out=tmp_path / "given")  # fmt: skip
+    ok(proc)
+    assert not [line for line in proc.stdout.splitlines() if line.startswith("validation off:")]
+    assert "val/reward_mean" in read_metrics(tmp_path / "given" / "metrics.jsonl")[-1]
+
+
+def test_the_builtin_default_run_still_validates_on_its_task(tmp_path):
+    proc = train("grpo", *RUN, "--trainer.val-every", "1", "--data.builtin-val-size", "4", out=tmp_path)
+    ok(proc)
+    assert json.loads((tmp_path / "config.json").read_text())["data"]["val_files"] == ["builtin:reverse"]
+    assert "val/reward_mean" in read_metrics(tmp_path / "metrics.jsonl")[-1]

@@ -49,6 +49,11 @@ def read_sources(
     return rows
 
 
+def is_generated(source: str) -> bool:
+    """A task generated here (builtin:<task>, reasoning_gym:<task>), whose val split holds its own rows."""
+    return source.startswith((BUILTIN, reasoning_gym.PREFIX))
+
+
 def check_sources_exist(sources: Sequence[str], flag: str) -> str | None:
     """A one-line problem with `sources` (a missing file, an unknown task), or None. No file is read."""
     for source in sources:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from configs import AlgoConfig, Config, ConfigError
+from rlcore.data.sources import is_generated
 from rlcore.models.policy import BUILTIN_PREFIX
 
 Kind = Literal["builtin", "pretrained"]
@@ -95,6 +96,7 @@ FLAGS = {
     "rollout.max_tokens": "--rollout.max-tokens",
     "reward.overlong_buffer_length": "--reward.overlong-buffer-length",
     "algo.max_tokens_per_micro_batch": "--algo.max-tokens-per-micro-batch",
+    "data.val_files": "--data.val-files",
 }
 """The fields a model kind defaults (section.field, as config.json names them) and their flags."""
 
@@ -129,7 +131,15 @@ def defaulted(cfg: Config) -> dict[str, Any]:
         tokens = micro_batch_tokens(cfg, d.micro_batch_mib * 2**20)
         if tokens is not None:
             values["algo.max_tokens_per_micro_batch"] = tokens
+    if cfg.data.val_files is None:
+        values["data.val_files"] = validation_files(cfg.data.train_files)
     return values
+
+
+def validation_files(train_files: tuple[str, ...]) -> tuple[str, ...]:
+    """What an unset --data.val-files follows: generated tasks validate on their own val split; files of the
+    user's turn validation off (which of their rows are held out is theirs to say)."""
+    return train_files if all(is_generated(s) for s in train_files) else ()
 
 
 def micro_batch_tokens(cfg: Config, budget: int) -> int | None:
@@ -166,6 +176,9 @@ def default_lines(values: dict[str, Any], *, kind: Kind, lora: bool = False) -> 
     `optim.lr 1e-06 (default for a pretrained model; --optim.lr to change)`."""
     lines = []
     for key, value in values.items():
+        if key == "data.val_files":
+            lines.append(validation_line(value))
+            continue
         flag, what = FLAGS[key], KIND_NAMES[kind]
         if key == "optim.lr" and lora:
             what += " with LoRA"
@@ -176,3 +189,11 @@ def default_lines(values: dict[str, Any], *, kind: Kind, lora: bool = False) -> 
             what += f": {DEFAULTS[kind].micro_batch_mib} MiB of saved activations and logits"
         lines.append(f"{flag.removeprefix('--')} {value:g} (default for {what}; {flag} to change)")
     return lines
+
+
+def validation_line(files: tuple[str, ...]) -> str:
+    """The start line of an unset --data.val-files: the tasks it validates on, or that validation is off."""
+    if not files:
+        return ("validation off: --data.train-files are files of yours and no --data.val-files was given; "
+                "--data.val-files FILE (held-out rows) turns it on")
+    return f"data.val-files {' '.join(files)} (default: the training tasks' held-out rows; --data.val-files to change)"
