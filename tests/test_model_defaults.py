@@ -190,8 +190,8 @@ def test_a_pretrained_directory_run_prints_and_records_its_defaults(tmp_path):
         "rollout.max-tokens 512 (default for a pretrained model; --rollout.max-tokens to change)",
         "reward.overlong-buffer-length 102 (default for a pretrained model: 20% of --rollout.max-tokens; "
         "--reward.overlong-buffer-length to change)",
-        f"algo.max-tokens-per-micro-batch {micro} (default for a pretrained model: 2048 MiB of saved activations "
-        "and logits; --algo.max-tokens-per-micro-batch to change)",
+        f"algo.max-tokens-per-micro-batch {micro} (default for a pretrained model: saved activations and logits "
+        "within 2048 MiB; --algo.max-tokens-per-micro-batch to change)",
     ]
     assert proc.stdout.splitlines()[:4] == lines
     config = json.loads((tmp_path / "run" / "config.json").read_text())
@@ -267,3 +267,32 @@ def test_the_builtin_default_run_still_validates_on_its_task(tmp_path):
     ok(proc)
     assert json.loads((tmp_path / "config.json").read_text())["data"]["val_files"] == ["builtin:reverse"]
     assert "val/reward_mean" in read_metrics(tmp_path / "metrics.jsonl")[-1]
+
+
+# ---- the micro-batch budget by device ----
+
+
+def test_on_a_gpu_the_budget_is_a_share_of_its_free_memory(qwen_dir):
+    from rlcore.trainer.defaults import micro_budget
+
+    per_token = 24 * (13 * 896 + 4 * 4864) * 4 + 8 * 151936  # Qwen2.5-0.5B's shape, fp32 (as above)
+    gpu = parse(["grpo", "--model.path", str(qwen_dir), "--trainer.device", "cuda"])
+    budget = micro_budget(gpu, lambda: 80 * 2**30)
+    assert budget.bytes == 20 * 2**30 and budget.words == "20 GiB, 25% of the GPU's 80.0 GiB free"
+    assert defaulted(gpu, lambda: 80 * 2**30)["algo.max_tokens_per_micro_batch"] == 20 * 2**30 // per_token
+    assert micro_budget(gpu, lambda: 6 * 2**30 + 5).bytes == 2**30  # whole GiB: 1.5 GiB rounds down
+    assert micro_budget(gpu, lambda: 2**29).bytes == 2**30  # never below 1 GiB
+    line = default_lines(defaulted(gpu, lambda: 80 * 2**30), kind="pretrained", budget=budget)[-2]
+    assert line.startswith(f"algo.max-tokens-per-micro-batch {20 * 2**30 // per_token} (default for a pretrained ")
+    assert "saved activations and logits within 20 GiB, 25% of the GPU's 80.0 GiB free;" in line
+
+
+def test_on_a_cpu_the_budget_is_fixed_and_no_gpu_is_asked(qwen_dir):
+    from rlcore.trainer.defaults import micro_budget
+
+    def no_gpu() -> int:
+        raise AssertionError("a CPU run asked a GPU's free memory")
+
+    cpu = parse(["grpo", "--model.path", str(qwen_dir), "--trainer.device", "cpu"])
+    assert micro_budget(cpu, no_gpu).bytes == 2048 * 2**20
+    assert defaulted(cpu, no_gpu)["algo.max_tokens_per_micro_batch"] == 511

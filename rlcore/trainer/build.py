@@ -30,7 +30,7 @@ from rlcore.state import TrainState
 from rlcore.trainer import agents, judges, memory, model_checks, models
 from rlcore.trainer.algorithm import bind, sync_bucket_bytes
 from rlcore.trainer.cpu_bf16 import bf16_units, cpu_flags, slow_bf16_line
-from rlcore.trainer.defaults import default_lines, model_kind
+from rlcore.trainer.defaults import default_lines, micro_budget, model_kind
 from rlcore.trainer.faults import Hooks
 from rlcore.trainer.fits import check_fits
 from rlcore.trainer.handles import Handles, Outbox
@@ -174,7 +174,8 @@ def record(cfg: Config, defaulted: dict[str, Any] | None = None) -> dict[str, An
 def report_defaults(cfg: Config, defaulted: dict[str, Any], *, critic: bool) -> None:
     """One stdout line per value the model's kind chose (--critic.lr only where a critic trains)."""
     shown = {k: v for k, v in defaulted.items() if critic or k != "critic.lr"}
-    lines = default_lines(shown, kind=model_kind(cfg.model.path), lora=cfg.model.lora_rank > 0)
+    budget = micro_budget(cfg) if "algo.max_tokens_per_micro_batch" in shown else None
+    lines = default_lines(shown, kind=model_kind(cfg.model.path), lora=cfg.model.lora_rank > 0, budget=budget)
     for line in lines:
         print(line, flush=True)
 

@@ -31,6 +31,9 @@ Why the pretrained values (sources read for issue 56):
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -113,8 +116,9 @@ def overlong_buffer(d: KindDefaults, max_tokens: int) -> int:
     return max(1, d.overlong_buffer_tokens + round(d.overlong_buffer_share * max_tokens))
 
 
-def defaulted(cfg: Config) -> dict[str, Any]:
-    """The values the model's kind gives the fields `cfg` leaves None, by section.field (FLAGS' keys)."""
+def defaulted(cfg: Config, free_memory: FreeMemory | None = None) -> dict[str, Any]:
+    """The values the model's kind gives the fields `cfg` leaves None, by section.field (FLAGS' keys);
+    `free_memory` answers a GPU's free bytes (`gpu_free_bytes` by default)."""
     d = DEFAULTS[model_kind(cfg.model.path)]
     values: dict[str, Any] = {}
     if cfg.optim.lr is None:
@@ -128,7 +132,7 @@ def defaulted(cfg: Config) -> dict[str, Any]:
         values["reward.overlong_buffer_length"] = overlong_buffer(d, max_tokens)
     rows_given = cfg.algo.micro_batch_size != AlgoConfig.micro_batch_size  # the user chose rows: they win
     if cfg.algo.max_tokens_per_micro_batch is None and d.micro_batch_mib is not None and not rows_given:
-        tokens = micro_batch_tokens(cfg, d.micro_batch_mib * 2**20)
+        tokens = micro_batch_tokens(cfg, micro_budget(cfg, free_memory).bytes)
         if tokens is not None:
             values["algo.max_tokens_per_micro_batch"] = tokens
     if cfg.data.val_files is None:
@@ -140,6 +144,49 @@ def validation_files(train_files: tuple[str, ...]) -> tuple[str, ...]:
     """What an unset --data.val-files follows: generated tasks validate on their own val split; files of the
     user's turn validation off (which of their rows are held out is theirs to say)."""
     return train_files if all(is_generated(s) for s in train_files) else ()
+
+
+FreeMemory = Callable[[], int]
+"""The free bytes of the GPU a rank trains on."""
+
+GPU_BUDGET_SHARE = 0.25
+"""On a GPU a pretrained model's micro-batch budget is this share of the device's free memory at start (whole
+GiB, at least 1): the rest holds the weights, the optimizer, the engine's KV cache and the allocator's slack.
+On a CPU the budget is MICRO_BATCH_MIB whatever the machine's memory (the measured trade-off above)."""
+
+
+@dataclass(frozen=True)
+class MicroBudget:
+    """A pretrained model's micro-batch budget: bytes of saved activations and logits, and how it was set."""
+
+    bytes: int
+    words: str
+
+
+@functools.cache
+def gpu_free_bytes() -> int:
+    """This rank's GPU's free bytes, asked once per process (LOCAL_RANK's device, as torchrun numbers them)."""
+    import torch
+
+    return int(torch.cuda.mem_get_info(int(os.environ.get("LOCAL_RANK", "0")))[0])
+
+
+def run_device(requested: str) -> str:
+    """cuda or cpu: what --trainer.device (auto, cpu, cuda) trains on."""
+    import torch
+
+    return "cuda" if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()) else "cpu"
+
+
+def micro_budget(cfg: Config, free_memory: FreeMemory | None = None) -> MicroBudget:
+    """The micro-batch budget of a pretrained model's run: MICRO_BATCH_MIB on a CPU, GPU_BUDGET_SHARE of the
+    GPU's free memory on a GPU."""
+    mib = DEFAULTS[model_kind(cfg.model.path)].micro_batch_mib or MICRO_BATCH_MIB
+    if run_device(cfg.trainer.device) != "cuda":
+        return MicroBudget(mib * 2**20, f"{mib} MiB")
+    free = (free_memory or gpu_free_bytes)()
+    gib = max(1, int(GPU_BUDGET_SHARE * free) // 2**30)
+    return MicroBudget(gib * 2**30, f"{gib} GiB, {GPU_BUDGET_SHARE:.0%} of the GPU's {free / 2**30:.1f} GiB free")
 
 
 def micro_batch_tokens(cfg: Config, budget: int) -> int | None:
@@ -161,19 +208,23 @@ def micro_batch_tokens(cfg: Config, budget: int) -> int | None:
                                selective=cfg.model.selective_checkpointing)  # fmt: skip
 
 
-def resolve(cfg: Config) -> Config:
-    """`cfg` with every field it leaves None filled by the model's kind (`defaulted`): a new Config."""
+def resolve(cfg: Config, values: dict[str, Any] | None = None) -> Config:
+    """`cfg` with every field it leaves None filled by the model's kind (`values`, by default `defaulted(cfg)`):
+    a new Config."""
     sections: dict[str, dict[str, Any]] = {}
-    for key, value in defaulted(cfg).items():
+    for key, value in (defaulted(cfg) if values is None else values).items():
         section, name = key.split(".")
         sections.setdefault(section, {})[name] = value
     parts = {s: dataclasses.replace(getattr(cfg, s), **fields) for s, fields in sections.items()}
     return dataclasses.replace(cfg, **parts)
 
 
-def default_lines(values: dict[str, Any], *, kind: Kind, lora: bool = False) -> list[str]:
+def default_lines(
+    values: dict[str, Any], *, kind: Kind, lora: bool = False, budget: MicroBudget | None = None
+) -> list[str]:
     """One line per defaulted value, as a run prints them first:
-    `optim.lr 1e-06 (default for a pretrained model; --optim.lr to change)`."""
+    `optim.lr 1e-06 (default for a pretrained model; --optim.lr to change)`; `budget`: how the micro-batch
+    budget was set (by default the CPU's)."""
     lines = []
     for key, value in values.items():
         if key == "data.val_files":
@@ -186,7 +237,8 @@ def default_lines(values: dict[str, Any], *, kind: Kind, lora: bool = False) -> 
         if key == "reward.overlong_buffer_length" and share:
             what += f": {share:.0%} of --rollout.max-tokens"
         if key == "algo.max_tokens_per_micro_batch":
-            what += f": {DEFAULTS[kind].micro_batch_mib} MiB of saved activations and logits"
+            words = budget.words if budget else f"{DEFAULTS[kind].micro_batch_mib} MiB"
+            what += f": saved activations and logits within {words}"
         lines.append(f"{flag.removeprefix('--')} {value:g} (default for {what}; {flag} to change)")
     return lines
 

@@ -52,7 +52,7 @@ def run(cfg: Config) -> int:
     to the model's kind are resolved here, once (`rlcore.trainer.defaults`): the run uses the new config."""
     memory.return_freed_memory(cfg.trainer.freed_memory)  # freed tensors go back to the kernel
     defaulted = defaults.defaulted(cfg)
-    cfg = defaults.resolve(cfg)
+    cfg = defaults.resolve(cfg, defaulted)
     try:
         state, h, algorithm, plan = build(cfg, defaulted)
     except USER_ERRORS as e:
