@@ -7,7 +7,7 @@
 `Algorithm` (rlcore.algorithm) holds the run's callables; `StepPlan` the numbers around them (how the
 model passes are cut and run, how the batch becomes updates, the KL controller, the horizon, seeds).
 Neither holds state: what a step changes is in `rlcore.state.TrainState`. A research script builds a
-plan by hand; `rlcore.trainer.algorithm.bind(cfg)` builds both from the command line's config.
+plan itself; `rlcore.trainer.algorithm.bind(cfg)` builds both from the command line's config.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Delta weight pushes (issue 62): per tensor, only what changed since the copy the receiver holds.
+"""Delta weight pushes: per tensor, only what changed since the copy the receiver holds.
 
     records = encode_all(new, base)            # the sender: {name: CPU tensor} now and as last pushed
     [r.entry for r in records]                 # the manifest (Entry.to_json), then each r.payload

@@ -1,5 +1,5 @@
-"""Batches and weights between ranks without pickle: what split placement moves between its roles
-(issue 16): rollouts from rollout ranks to trainer ranks, weights back.
+"""Batches and weights between ranks without pickle: what split placement moves between its roles:
+rollouts from rollout ranks to trainer ranks, weights back.
 
     send_batch(batch, dst=1)              # rank 0
     batch = recv_batch(src=0)             # rank 1: the same fields, dtypes, shapes, values and meta

@@ -7,7 +7,7 @@
 A token's log-prob must not depend on which other rows share its batch, on padding, on micro-batching, on
 prompt packing, or on whether its context came from a KV cache or from the same forward. Each source of
 difference was measured alone on this CPU (torch 2.13; experiments/exact_sources.py, the table in
-experiments/README.md, issue 41); what exact mode does about each:
+experiments/README.md, "Bitwise on-policy"); what exact mode does about each:
 
 - matrix products: MKL's fp32 sgemm takes another kernel below ~15 rows (up to 7e-6 apart), and the lean
   decode step multiplied by oneDNN's packed kernel, which sums in another order again. Exact mode runs
@@ -53,9 +53,10 @@ parallelism (they split a reduction across ranks), expert parallelism (its exper
 path), vLLM (no batch-invariant mode on CPU), the agent loop (each turn is prefilled in its own layout),
 autocast (the engine does not autocast).
 
-On CUDA the same seams take batch-invariant kernels (experiments/README.md, issue 41, "GPU plan"): `product`
-would call fixed-tile, no-split-K GEMMs (`sgemm-bi`'s `deterministic_linear`, or cuBLASLt with split-K off,
-as vLLM's batch-invariant mode does on Hopper), and `attend` is already fixed key blocks folded in order.
+On CUDA the same seams take batch-invariant kernels (experiments/README.md, "Bitwise on-policy", its GPU
+plan): `product` would call fixed-tile, no-split-K GEMMs (`sgemm-bi`'s `deterministic_linear`, or cuBLASLt
+with split-K off, as vLLM's batch-invariant mode does on Hopper), and `attend` is already fixed key blocks
+folded in order.
 """
 
 from __future__ import annotations

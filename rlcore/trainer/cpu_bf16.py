@@ -3,7 +3,7 @@
     bf16_units(flags, cap)            # "amx", "avx512_bf16" or "none": the bf16 units oneDNN may use here
     line = slow_bf16_line(cfg, on_cpu=True, units=bf16_units(cpu_flags()))   # None, or one line
 
-Measured on 2 threads, 2048^3 products (issue 61): a Xeon with AMX, fp32 105-113 GFLOP/s and bf16 553 with
+Measured on 2 threads, 2048^3 products (experiments/README.md, "Memory at real sizes"): a Xeon with AMX, fp32 105-113 GFLOP/s and bf16 553 with
 AMX tiles, 65 with oneDNN capped at AVX512_CORE_BF16; an AMD EPYC with AVX512-BF16 and no AMX, fp32 178
 and bf16 411; AVX2 machines, which have no bf16 instructions, about 50x slower in bf16 than in fp32. A run
 asking for bf16 where there are no bf16 instructions is told so in one line instead of silently taking

