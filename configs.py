@@ -165,7 +165,7 @@ class RolloutConfig:
     drops the old-log-prob pass at no cost in exactness."""
     lora_merged_copy: bool = True
     """LoRA with the native engine in one process: sample from a plain copy of the base into which each push
-    merges the adapters (one more copy of the weights; the rollout ~10-20% faster on SmolLM2-135M: experiments/README.md, "Memory at real sizes").
+    merges the adapters (one more copy of the weights, a faster rollout: docs/memory.md).
     --rollout.no-lora-merged-copy samples the trained module itself, adapters unmerged (the lean step adds
     the rank-r products): no copy, no push."""
     compile: bool = False

@@ -74,7 +74,7 @@ def client(url: str, api_key: str = "tml-rlcore-tests") -> tinker.ServiceClient:
 
 
 class Recorded(tinker.ServiceClient):
-    """tinker.ServiceClient for code that makes its own (the README's loop): closed with the server."""
+    """tinker.ServiceClient for code that makes its own (docs/tinker.md's loop): closed with the server."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -1,4 +1,4 @@
-"""The README's Tinker loop, written the way the Tinker cookbook writes RL (sample -> reward -> advantages ->
+"""docs/tinker.md's Tinker loop, written the way the Tinker cookbook writes RL (sample -> reward -> advantages ->
 forward_backward with importance_sampling -> optim_step), run with the real SDK against a real server, learns the
 default task as `python train.py` does: the greedy validation of both, run here side by side on the same 128
 validation rows, ends within 0.03 (train.py's default run: 0.233 -> 0.993). examples/tinker_rl.py runs too."""
@@ -15,7 +15,7 @@ from tests.tinker.server import ROOT, Recorded, running
 
 
 def readme_loop() -> str:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "tinker.md").read_text()
     return re.search(r"<!-- tinker-loop -->\n```python\n(.*?)```", text, re.DOTALL).group(1)
 
 
@@ -33,7 +33,7 @@ def test_the_readme_loop_learns_the_default_task_as_train_py_does(tmp_path, monk
         monkeypatch.setenv("TINKER_API_KEY", "tml-rlcore-tests")
         monkeypatch.setattr("tinker.ServiceClient", Recorded)  # closed with the server
         names: dict = {}
-        exec(compile(readme_loop(), "README.md", "exec"), names)
+        exec(compile(readme_loop(), "docs/tinker.md", "exec"), names)
         sampler = names["training"].save_weights_and_get_sampling_client().result()
         after = loop.validate(sampler, names["tokenizer"], generate_rows("reverse", "val", 128), 12)
         before, _, seconds = loop.main(2, val_rows=128)  # the example: a fresh model, 2 steps
