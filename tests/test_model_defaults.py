@@ -191,7 +191,7 @@ def test_a_pretrained_directory_run_prints_and_records_its_defaults(tmp_path):
         "reward.overlong-buffer-length 102 (default for a pretrained model: 20% of --rollout.max-tokens; "
         "--reward.overlong-buffer-length to change)",
         f"algo.max-tokens-per-micro-batch {micro} (default for a pretrained model: saved activations and logits "
-        "within 2048 MiB; --algo.max-tokens-per-micro-batch to change)",
+        "within 2048 MiB at 4 bytes a value (fp32); --algo.max-tokens-per-micro-batch to change)",
     ]
     assert proc.stdout.splitlines()[:4] == lines
     config = json.loads((tmp_path / "run" / "config.json").read_text())
@@ -278,13 +278,13 @@ def test_on_a_gpu_the_budget_is_a_share_of_its_free_memory(qwen_dir):
     per_token = 24 * (13 * 896 + 4 * 4864) * 4 + 8 * 151936  # Qwen2.5-0.5B's shape, fp32 (as above)
     gpu = parse(["grpo", "--model.path", str(qwen_dir), "--trainer.device", "cuda"])
     budget = micro_budget(gpu, lambda: 80 * 2**30)
-    assert budget.bytes == 20 * 2**30 and budget.words == "20 GiB, 25% of the GPU's 80.0 GiB free"
+    assert budget.bytes == 20 * 2**30 and budget.words == "20 GiB (25% of the GPU's 80.0 GiB free) at 4 bytes a value (fp32)"
     assert defaulted(gpu, lambda: 80 * 2**30)["algo.max_tokens_per_micro_batch"] == 20 * 2**30 // per_token
     assert micro_budget(gpu, lambda: 6 * 2**30 + 5).bytes == 2**30  # whole GiB: 1.5 GiB rounds down
     assert micro_budget(gpu, lambda: 2**29).bytes == 2**30  # never below 1 GiB
     line = default_lines(defaulted(gpu, lambda: 80 * 2**30), kind="pretrained", budget=budget)[-2]
     assert line.startswith(f"algo.max-tokens-per-micro-batch {20 * 2**30 // per_token} (default for a pretrained ")
-    assert "saved activations and logits within 20 GiB, 25% of the GPU's 80.0 GiB free;" in line
+    assert "saved activations and logits within 20 GiB (25% of the GPU's 80.0 GiB free) at 4 bytes a value (fp32);" in line
 
 
 def test_on_a_cpu_the_budget_is_fixed_and_no_gpu_is_asked(qwen_dir):
@@ -296,3 +296,6 @@ def test_on_a_cpu_the_budget_is_fixed_and_no_gpu_is_asked(qwen_dir):
     cpu = parse(["grpo", "--model.path", str(qwen_dir), "--trainer.device", "cpu"])
     assert micro_budget(cpu, no_gpu).bytes == 2048 * 2**20
     assert defaulted(cpu, no_gpu)["algo.max_tokens_per_micro_batch"] == 511
+    bf16 = parse(["grpo", "--model.path", str(qwen_dir), "--trainer.device", "cpu", "--model.dtype", "bfloat16"])
+    assert micro_budget(bf16, no_gpu).words == "2048 MiB at 2 bytes a value (bf16)"
+    assert defaulted(bf16, no_gpu)["algo.max_tokens_per_micro_batch"] == 1022  # the same bytes hold 2x the tokens

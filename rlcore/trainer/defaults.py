@@ -182,11 +182,18 @@ def micro_budget(cfg: Config, free_memory: FreeMemory | None = None) -> MicroBud
     """The micro-batch budget of a pretrained model's run: MICRO_BATCH_MIB on a CPU, GPU_BUDGET_SHARE of the
     GPU's free memory on a GPU."""
     mib = DEFAULTS[model_kind(cfg.model.path)].micro_batch_mib or MICRO_BATCH_MIB
+    at = f"at {compute_bytes(cfg)} bytes a value ({'bf16' if compute_bytes(cfg) == 2 else 'fp32'})"
     if run_device(cfg.trainer.device) != "cuda":
-        return MicroBudget(mib * 2**20, f"{mib} MiB")
+        return MicroBudget(mib * 2**20, f"{mib} MiB {at}")
     free = (free_memory or gpu_free_bytes)()
     gib = max(1, int(GPU_BUDGET_SHARE * free) // 2**30)
-    return MicroBudget(gib * 2**30, f"{gib} GiB, {GPU_BUDGET_SHARE:.0%} of the GPU's {free / 2**30:.1f} GiB free")
+    share = f"{GPU_BUDGET_SHARE:.0%} of the GPU's {free / 2**30:.1f} GiB free"
+    return MicroBudget(gib * 2**30, f"{gib} GiB ({share}) {at}")
+
+
+def compute_bytes(cfg: Config) -> int:
+    """Bytes of one saved activation or logit: 2 where the model computes in bf16, else 4."""
+    return 2 if "bfloat16" in (cfg.model.dtype, cfg.model.compute_dtype) else 4
 
 
 def micro_batch_tokens(cfg: Config, budget: int) -> int | None:
@@ -202,8 +209,7 @@ def micro_batch_tokens(cfg: Config, budget: int) -> int | None:
         return None
     if shape is None:
         return None
-    compute = 2 if "bfloat16" in (cfg.model.dtype, cfg.model.compute_dtype) else 4
-    return micro_tokens_within(shape, budget=budget, compute_bytes=compute,
+    return micro_tokens_within(shape, budget=budget, compute_bytes=compute_bytes(cfg),
                                checkpointing=cfg.model.activation_checkpointing,
                                selective=cfg.model.selective_checkpointing)  # fmt: skip
 
