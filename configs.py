@@ -277,7 +277,9 @@ class AlgoConfig:
     micro_batch_size: int = 64
     """Samples per forward/backward (gradient accumulation inside a mini-batch)."""
     max_tokens_per_micro_batch: int | None = None
-    """Token-budget dynamic batching: pack samples up to this many tokens (overrides micro_batch_size)."""
+    """Token-budget dynamic batching: pack samples up to this many tokens (overrides micro_batch_size). None:
+    a pretrained model gets the tokens whose saved activations and logits fit 2 GiB on a CPU, 25% of the
+    GPU's free memory on a GPU, at its compute dtype's bytes (printed at start); a built-in model keeps rows."""
     share_prompts: bool = True
     """Compute each prompt once for all its samples in the log-prob, value and update forwards (packed
     sequences with a 4D mask; same log-probs and gradients to rounding), where a FLOP estimate says

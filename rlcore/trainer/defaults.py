@@ -8,13 +8,16 @@ A built-in model (`--model.path builtin:<name>`) keeps the values its tasks were
 else (a directory, a hub id, a GGUF file) is a pretrained model and gets values that fit one. A value the
 user gave always wins: only the fields the config leaves None are filled (`--optim.lr`, `--critic.lr`,
 `--rollout.max-tokens`, `--reward.overlong-buffer-length`, which the dapo preset leaves None, and
-`--algo.max-tokens-per-micro-batch`).
+`--algo.max-tokens-per-micro-batch`). `--data.val-files` left None follows the training data whatever the
+model: generated tasks validate on their own val split, the user's files turn validation off
+(`validation_files`).
 
 Why the pretrained values (their sources):
 - learning rate 1e-6 for full fine-tuning: verl's `actor_rollout_ref.actor.optim.lr` and TRL's
   `GRPOConfig.learning_rate` both default to it. rlcore's SmolLM2-135M study (experiments/README.md,
-  "A real pretrained model: SmolLM2-135M-Instruct") trained at 1e-5 for 8-step probes on a 135M model; 1e-6 is the value that does not diverge
-  on the 0.5B-7B models the README's examples train, and a short study raises it with --optim.lr.
+  "A real pretrained model: SmolLM2-135M-Instruct") trained at 1e-5 for 8-step probes on a 135M model;
+  1e-6 is the value that does not diverge on the 0.5B-7B models the README's examples train, and a short
+  study raises it with --optim.lr.
 - LoRA 1e-5, ten times full fine-tuning's: the ratio of "LoRA Without Regret" (Schulman et al. 2025)
   and of the SmolLM2 study (1e-5 full, 1e-4 LoRA); the built-in models' own ratio is 5x (1e-3, 5e-3).
 - critic 1e-5: verl's `critic.optim.lr` (a value head learns from scratch, so faster than the actor).
@@ -22,10 +25,10 @@ Why the pretrained values (their sources):
   GSM8K chain of thought fits, where the built-in models' 12 tokens cannot hold one.
 - DAPO's overlong buffer as a share of the response length, 20%: the DAPO paper (Yu et al. 2025) and
   verl's recipe penalise the last 4096 of 20480 tokens. The built-in models keep 4 tokens (of 12).
-- micro-batches by a token budget (`MICRO_BATCH_MIB`, experiments/README.md "Memory at real sizes"): a pretrained model's update in one
-  micro-batch of rows holds every token's activations at once (measured 1.7 MB per fed token on
-  SmolLM2-135M, 5.2 GiB for GRPO 8 x 8, the update at 4.3x the optimizer floor); the budget is read from
-  the model's config. A --algo.micro-batch-size the user gives keeps micro-batches of rows.
+- micro-batches by a budget in bytes (`MICRO_BATCH_MIB` on a CPU, `GPU_BUDGET_SHARE` of free memory on a
+  GPU; experiments/README.md "Memory at real sizes"): a pretrained model's update in one micro-batch of
+  rows holds every token's activations at once (measured 1.7 MB per fed token on SmolLM2-135M, 5.2 GiB
+  for GRPO 8 x 8, the update at 4.3x the optimizer floor); the tokens are read from the model's config. A --algo.micro-batch-size the user gives keeps micro-batches of rows.
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ are no longer shared and the products shrink). Qwen2.5-0.5B's shape gets 511 tok
 DEFAULTS: dict[Kind, KindDefaults] = {
     "builtin": KindDefaults(
         lr=1e-3,  # the default run's (README: reverse from greedy val 0.233 to 0.993 in 30 steps)
-        lora_lr=5e-3,  # rank 16, alpha 32, default task: val 0.998 (experiments/README.md, "bench_lora: LoRA vs full fine-tuning")
+        lora_lr=5e-3,  # rank 16, alpha 32, default task: val 0.998 (experiments/README.md, "bench_lora")
         critic_lr=1e-3,  # the actor's
         max_tokens=12,  # the built-in tasks' answers are a few tokens (the default run's responses: 5-7)
         overlong_buffer_tokens=4,  # the dapo preset's 4 of 12 tokens
@@ -101,7 +104,7 @@ FLAGS = {
     "algo.max_tokens_per_micro_batch": "--algo.max-tokens-per-micro-batch",
     "data.val_files": "--data.val-files",
 }
-"""The fields a model kind defaults (section.field, as config.json names them) and their flags."""
+"""The fields resolved at start-up (section.field, as config.json names them) and their flags."""
 
 KIND_NAMES: dict[Kind, str] = {"builtin": "a built-in model", "pretrained": "a pretrained model"}
 
@@ -254,4 +257,5 @@ def validation_line(files: tuple[str, ...]) -> str:
     if not files:
         return ("validation off: --data.train-files are files of yours and no --data.val-files was given; "
                 "--data.val-files FILE (held-out rows) turns it on")
-    return f"data.val-files {' '.join(files)} (default: the training tasks' held-out rows; --data.val-files to change)"
+    held_out = "(default: the training tasks' held-out rows; --data.val-files to change)"
+    return f"data.val-files {' '.join(files)} {held_out}"
