@@ -15,7 +15,7 @@ from rlcore.models.policy import BUILTIN_MODELS, load_policy
 from rlcore.trainer.cli import parse
 from rlcore.trainer.defaults import default_lines, defaulted, model_kind, resolve, validation_files
 from rlcore.trainer.logger import read_metrics
-from tests.smoke.test_train import ok, train
+from tests.smoke.test_train import ok, reverse_rows, train
 
 QWEN_05B = {  # Qwen2.5-0.5B-Instruct's config.json, the fields that give its shape
     "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
@@ -237,15 +237,8 @@ def test_the_validation_line_names_the_tasks_or_the_flag_that_turns_it_on():
     assert len(off) == 1 and off[0].startswith("validation off:") and "--data.val-files FILE" in off[0]
 
 
-def _rows_file(path: Path, n: int) -> Path:
-    from rlcore.data.tasks import generate_rows
-
-    path.write_text("".join(json.dumps(row) + "\n" for row in generate_rows("reverse", "train", n)))
-    return path
-
-
 def test_a_run_on_the_users_files_does_not_validate_on_the_toy(tmp_path):
-    rows = _rows_file(tmp_path / "mine.jsonl", 16)
+    rows = reverse_rows(tmp_path / "mine.jsonl", 16)
     proc = train("grpo", *RUN, "--trainer.val-every", "1", "--data.train-files", str(rows), out=tmp_path / "run")
     ok(proc)
     said = [line for line in proc.stdout.splitlines() if line.startswith("validation off:")]
@@ -254,7 +247,7 @@ def test_a_run_on_the_users_files_does_not_validate_on_the_toy(tmp_path):
     assert config["data"]["val_files"] == []
     assert not [k for record in read_metrics(tmp_path / "run" / "metrics.jsonl") for k in record if k.startswith("val/")]
     # the same run given its held-out rows validates on them
-    held_out = _rows_file(tmp_path / "held_out.jsonl", 4)
+    held_out = reverse_rows(tmp_path / "held_out.jsonl", 4)
     proc = train("grpo", *RUN, "--trainer.val-every", "1", "--data.train-files", str(rows),
                  "--data.val-files", str(held_out), out=tmp_path / "given")  # fmt: skip
     ok(proc)

@@ -71,12 +71,15 @@ class DistInfo:
 _CREATED: list = []  # the process group init_distributed created (at most one)
 
 
+def device_type(device: str) -> str:
+    """cuda or cpu: what --trainer.device (auto, cpu, cuda) trains on; auto picks cuda where torch sees one."""
+    return "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
+
+
 def _resolve_device(device: str, local_rank: int) -> torch.device:
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":
+    if device_type(device) == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(
                 "--trainer.device cuda was asked for but torch sees no CUDA device; use cpu or auto"

@@ -28,7 +28,8 @@ Why the pretrained values (their sources):
 - micro-batches by a budget in bytes (`MICRO_BATCH_MIB` on a CPU, `GPU_BUDGET_SHARE` of free memory on a
   GPU; experiments/README.md "Memory at real sizes"): a pretrained model's update in one micro-batch of
   rows holds every token's activations at once (measured 1.7 MB per fed token on SmolLM2-135M, 5.2 GiB
-  for GRPO 8 x 8, the update at 4.3x the optimizer floor); the tokens are read from the model's config. A --algo.micro-batch-size the user gives keeps micro-batches of rows.
+  for GRPO 8 x 8, the update at 4.3x the optimizer floor); the tokens are read from the model's config.
+  A --algo.micro-batch-size the user gives keeps micro-batches of rows.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from typing import Any, Literal
 
 from configs import AlgoConfig, Config, ConfigError
 from rlcore.data.sources import is_generated
+from rlcore.dist.mesh import device_type
 from rlcore.models.policy import BUILTIN_PREFIX
 
 Kind = Literal["builtin", "pretrained"]
@@ -174,19 +176,12 @@ def gpu_free_bytes() -> int:
     return int(torch.cuda.mem_get_info(int(os.environ.get("LOCAL_RANK", "0")))[0])
 
 
-def run_device(requested: str) -> str:
-    """cuda or cpu: what --trainer.device (auto, cpu, cuda) trains on."""
-    import torch
-
-    return "cuda" if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()) else "cpu"
-
-
 def micro_budget(cfg: Config, free_memory: FreeMemory | None = None) -> MicroBudget:
     """The micro-batch budget of a pretrained model's run: MICRO_BATCH_MIB on a CPU, GPU_BUDGET_SHARE of the
     GPU's free memory on a GPU."""
     mib = DEFAULTS[model_kind(cfg.model.path)].micro_batch_mib or MICRO_BATCH_MIB
     at = f"at {compute_bytes(cfg)} bytes a value ({'bf16' if compute_bytes(cfg) == 2 else 'fp32'})"
-    if run_device(cfg.trainer.device) != "cuda":
+    if device_type(cfg.trainer.device) != "cuda":
         return MicroBudget(mib * 2**20, f"{mib} MiB {at}")
     free = (free_memory or gpu_free_bytes)()
     gib = max(1, int(GPU_BUDGET_SHARE * free) // 2**30)
@@ -194,9 +189,14 @@ def micro_budget(cfg: Config, free_memory: FreeMemory | None = None) -> MicroBud
     return MicroBudget(gib * 2**30, f"{gib} GiB ({share}) {at}")
 
 
+def compute_dtype(cfg: Config) -> str:
+    """bfloat16 where the model's weights or its compute are bf16, else float32."""
+    return "bfloat16" if "bfloat16" in (cfg.model.dtype, cfg.model.compute_dtype) else "float32"
+
+
 def compute_bytes(cfg: Config) -> int:
     """Bytes of one saved activation or logit: 2 where the model computes in bf16, else 4."""
-    return 2 if "bfloat16" in (cfg.model.dtype, cfg.model.compute_dtype) else 4
+    return 2 if compute_dtype(cfg) == "bfloat16" else 4
 
 
 def micro_batch_tokens(cfg: Config, budget: int) -> int | None:

@@ -192,7 +192,7 @@ def _train_loop(
         if cfg.rollout.exact:
             check_exact(metrics, step=step)
         health, checked, warnings = check_health(state.health, metrics, step=step, engine=cfg.rollout.engine,
-                                                 dtype=_gap_dtype(cfg), max_tokens=plan.horizon)  # fmt: skip
+                                                 dtype=defaults.compute_dtype(cfg), max_tokens=plan.horizon)  # fmt: skip
         state, metrics = dataclasses.replace(state, health=health), metrics | checked
         if h.placement.writes:
             for line in warnings:
@@ -220,11 +220,6 @@ def _preempted(state: TrainState, h: Handles, plan: StepPlan, *, saved: bool) ->
         with phase("checkpoint"):
             checkpoints.save(state, h, keep_last=plan.schedule.keep_last)
     raise signals.Preempted(state.step, h.out_dir / "checkpoints" / f"step_{state.step}")
-
-
-def _gap_dtype(cfg: Config) -> str:
-    """The dtype whose rollout/trainer gap bound applies: bf16 when either side computes in bf16."""
-    return "bfloat16" if "bfloat16" in (cfg.model.dtype, cfg.model.compute_dtype) else "float32"
 
 
 def _finish(state: TrainState, h: Handles, cfg: Config) -> None:

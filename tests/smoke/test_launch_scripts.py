@@ -14,7 +14,7 @@ import pytest
 
 from rlcore.trainer.logger import read_metrics
 from tests.smoke.test_multinode import ENV, _free_port
-from tests.smoke.test_train import ROOT
+from tests.smoke.test_train import ROOT, reverse_rows
 
 SCRIPTS = ["multinode.sh", "torchrun_8gpu.sh", "slurm_2x8.sh"]
 SHORT = ["--model.path", "builtin:tiny-reverse", "--trainer.steps", "1", "--data.batch-size", "4", "--rollout.n", "2",
@@ -36,16 +36,9 @@ def test_a_launch_script_refuses_to_start_without_train_naming_it(script, tmp_pa
     assert not proc.stdout and not (tmp_path / "config.json").exists()  # nothing was launched
 
 
-def _rows(path: Path, n: int) -> Path:
-    from rlcore.data.tasks import generate_rows
-
-    path.write_text("".join(json.dumps(row) + "\n" for row in generate_rows("reverse", "train", n)))
-    return path
-
-
 @pytest.mark.parametrize("script", ["multinode.sh", "torchrun_8gpu.sh"])
 def test_a_launch_script_trains_the_users_rows_on_two_gloo_ranks(script, tmp_path):
-    a, b, held = _rows(tmp_path / "a.jsonl", 8), _rows(tmp_path / "b.jsonl", 8), _rows(tmp_path / "val.jsonl", 4)
+    a, b, held = reverse_rows(tmp_path / "a.jsonl", 8), reverse_rows(tmp_path / "b.jsonl", 8), reverse_rows(tmp_path / "val.jsonl", 4)
     env = {"TRAIN": f"{a} {b}", "VAL": str(held), "GPUS": "2", "NNODES": "1", "NODE_RANK": "0",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "OUT": str(tmp_path / "run")}  # fmt: skip
     proc = launch(script, env, *SHORT)

@@ -43,6 +43,14 @@ def ok(proc: subprocess.CompletedProcess) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+def reverse_rows(path: Path, n: int) -> Path:
+    """`n` rows of the built-in reverse task written to `path` as jsonl: a user's data file."""
+    from rlcore.data.tasks import generate_rows
+
+    path.write_text("".join(json.dumps(row) + "\n" for row in generate_rows("reverse", "train", n)))
+    return path
+
+
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_every_preset_runs_two_steps(preset, tmp_path):
     # (distill needs a teacher: one unlike the policy)
