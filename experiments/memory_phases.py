@@ -4,7 +4,7 @@
     .venv/bin/python experiments/memory_phases.py --model builtin:tiny-reverse
 
 Runs `train.py` in this process for 2 steps and samples the process's resident memory (RSS, /proc) every
-millisecond on a thread, labelled with the trainer phase running (`rlcore.trainer.phases.phase`: rollout,
+millisecond on a thread, labelled with the trainer phase running (`rlcore.step.phases.phase`: rollout,
 scoring, logprobs, update, sync, validation, checkpoint; "outside phases": loading, building, between steps).
 Prints each phase's peak RSS and the largest rise of RSS within one occurrence of it, next to the optimizer floor (16 bytes per trained parameter: fp32 weights,
 gradients, AdamW's two moments) and `perf/max_memory_mb` of the run. RSS is the check the issue asks for; the
@@ -87,7 +87,9 @@ def main() -> None:
         model = str(smollm2_gguf())
     import train
     from rlcore.models.policy import load_model
-    from rlcore.trainer import collect, learn, run, step
+    from rlcore.step import collect, learn
+    from rlcore.step import train_step as step
+    from rlcore.trainer import run
 
     params = sum(p.numel() for p in load_model(model).parameters())
     before = rss()

@@ -5,7 +5,7 @@
     .venv/bin/python experiments/profile_update.py --dtype float32 --lora 16
 
 Runs `train.py grpo` in this process (GRPO 8 prompts x 8 samples, 48 tokens, 2 steps) with the second step's
-update (`rlcore.update.update_step`) under torch.profiler, and prints its self CPU time by op group: the
+update (`rlcore.step.update.update_step`) under torch.profiler, and prints its self CPU time by op group: the
 matrix products (mm, addmm, bmm, linear's products), attention (scaled_dot_product_attention and its
 backward), the log-softmax and the logits' gradient work (`rlcore.pure.token_logprobs`), dtype casts
 (`to`, `copy_`), and the rest (elementwise and norms), with the top ops of each run.
@@ -45,7 +45,7 @@ def group_of(name: str) -> str:
 
 def profile(model: str, dtype: str, lora: int) -> None:
     import train
-    from rlcore.trainer import learn
+    from rlcore.step import learn
 
     calls, original = [0], learn.update_step
 

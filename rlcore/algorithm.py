@@ -5,8 +5,8 @@
         policy_loss_fn=partial(POLICY_LOSSES["ppo_clip"], clip_low=0.2, clip_high=0.28, agg="token-mean"),
         loss_agg="token-mean",
     )
-    batch, metrics = advantage_step(batch, algorithm, kl_coef=state.kl_coef)   # rlcore.steps
-    actor, metrics = update_step(actor, batch, algorithm, plan, horizon=64)     # rlcore.update
+    batch, metrics = advantage_step(batch, algorithm, kl_coef=state.kl_coef)   # rlcore.step.steps
+    actor, metrics = update_step(actor, batch, algorithm, plan, horizon=64)     # rlcore.step.update
 
 What an advantage estimator reads from the batch is named by its parameters (`ESTIMATOR_INPUTS`):
 `token_rewards` (scores minus the KL penalty), `response_mask`, `group_ids` (a label per prompt:
@@ -79,7 +79,7 @@ class Algorithm:
     """Truncated importance sampling of trainer vs rollout probabilities (None: off)."""
     correction: Callable[..., tuple[Batch, dict[str, Tensor]]] | None = None
     """Off-policy correction of a batch with old and rollout log-probs, before the advantages
-    (`rlcore.steps.correction_step` with its levels and thresholds bound): IS weights as the batch's
+    (`rlcore.step.steps.correction_step` with its levels and thresholds bound): IS weights as the batch's
     `is_weights`, rejected units out of its `response_mask`. None: off."""
     correction_weights: bool = False
     """`correction` writes `is_weights` (its importance-sampling level is set): the policy loss multiplies

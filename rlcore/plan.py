@@ -2,7 +2,7 @@
 
     plan = StepPlan(forward=ForwardPlan(temperature=1.0, micro_batch_size=64), actor=UpdatePlan(),
                     critic=UpdatePlan(), horizon=64, batch_size=32)
-    state, metrics, batch = learn(state, handles, algorithm, plan, batch)      # rlcore.trainer.learn
+    state, metrics, batch = learn(state, handles, algorithm, plan, batch)      # rlcore.step.learn
 
 `Algorithm` (rlcore.algorithm) holds the run's callables; `StepPlan` the numbers around them (how the
 model passes are cut and run, how the batch becomes updates, the KL controller, the horizon, seeds).
@@ -19,7 +19,7 @@ import torch
 
 from rlcore.rewards.step import OverlongPenalty
 from rlcore.rollout.base import SamplingParams
-from rlcore.update import UpdatePlan
+from rlcore.step.update import UpdatePlan
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -38,7 +38,7 @@ class ForwardPlan:
     """The passes' precision: autocast to it unless float32 (the advantage math stays float32)."""
 
     def forward_kwargs(self) -> dict[str, object]:
-        """The keywords of `rlcore.steps.logprob_step`."""
+        """The keywords of `rlcore.step.steps.logprob_step`."""
         return {"temperature": self.temperature, "micro_batch_size": self.micro_batch_size,
                 "max_tokens": self.max_tokens, "share_prompts": self.share_prompts}  # fmt: skip
 

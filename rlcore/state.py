@@ -21,7 +21,7 @@ from torch import Tensor
 from rlcore.batch import Batch
 from rlcore.data.dataset import Cursor
 from rlcore.dist.transfer import json_tensor, rows_from_json, rows_to_json, tensor_json
-from rlcore.update import ModelState
+from rlcore.step.update import ModelState
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The library's update functions called with configs, as the tests written before issue 15 call them.
 
-The library takes an `Algorithm` and an `UpdatePlan` (rlcore.algorithm, rlcore.update); the shell binds
+The library takes an `Algorithm` and an `UpdatePlan` (rlcore.algorithm, rlcore.step.update); the shell binds
 them from the config (rlcore.trainer.algorithm). These wrappers do the binding for tests, deciding
 the on-policy shortcut the way those tests set it up: a batch without `old_logprobs` is on-policy.
 """
@@ -11,9 +11,9 @@ from typing import Any
 
 from configs import AlgoConfig, CriticConfig, OptimConfig
 from rlcore.batch import Batch
-from rlcore.critic import critic_update
+from rlcore.step.critic import critic_update
+from rlcore.step.update import ModelState, update_step
 from rlcore.trainer.algorithm import algorithm_of, model_state, update_plan
-from rlcore.update import ModelState, update_step
 
 
 def new_state(model: Any, optim: OptimConfig, total_updates: int = 10) -> ModelState:

@@ -7,7 +7,7 @@ import torch
 
 from rlcore.batch import Batch
 from rlcore.columns import COLUMNS, cut_columns, left_pad_prompts, pad_columns
-from rlcore.steps import concat_rollouts
+from rlcore.step.steps import concat_rollouts
 
 PAD = 7
 

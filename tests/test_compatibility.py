@@ -1,4 +1,4 @@
-"""The compatibility table (`rlcore.trainer.compatibility`): every clash refuses in pre-flight with one line
+"""The compatibility table (`rlcore.config.compatibility`): every clash refuses in pre-flight with one line
 naming both flags, neither of its features alone is refused for it, and the docs print the table."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from configs import PRESETS, Config, ConfigError
-from rlcore.trainer.compatibility import CLASHES, FEATURES, clash_of, table
-from rlcore.trainer.defaults import resolve
-from rlcore.trainer.preflight import validate
+from rlcore.config.compatibility import CLASHES, FEATURES, clash_of, table
+from rlcore.config.defaults import resolve
+from rlcore.config.preflight import validate
 
 BASE = PRESETS["grpo"][1]
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,9 +17,10 @@ from configs import (
     RolloutConfig,
     TrainerConfig,
 )
-from rlcore.trainer.cli import UserError, condense, parse
-from rlcore.trainer.defaults import resolve
-from rlcore.trainer.preflight import validate
+from rlcore.config.defaults import resolve
+from rlcore.config.messages import condense
+from rlcore.config.preflight import validate
+from rlcore.trainer.cli import UserError, parse
 
 
 def with_(cfg: Config, **parts) -> Config:
@@ -27,7 +28,7 @@ def with_(cfg: Config, **parts) -> Config:
 
 
 BASE = PRESETS["grpo"][1]
-"""The default preset as the user gives it; `validate` sees it resolved (rlcore.trainer.defaults), as a run does."""
+"""The default preset as the user gives it; `validate` sees it resolved (rlcore.config.defaults), as a run does."""
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -162,7 +163,7 @@ def test_cli_errors_are_one_line():
 )
 def test_the_model_must_split_by_tp_and_sp(tp, sp, message):
     """Read from the model's config before any weights load (the default built-in model: 4 heads, 2 KV heads, 256 MLP columns)."""
-    from rlcore.trainer.model_checks import check_mesh
+    from rlcore.config.model_checks import check_mesh
 
     cfg = with_(BASE, trainer=TrainerConfig(tp=tp, sp=sp))
     if message is None:
@@ -187,7 +188,7 @@ def test_the_model_must_split_by_tp_and_sp(tp, sp, message):
 )  # fmt: skip
 def test_the_experts_must_split_by_ep(path, ep, message):
     """Read from the model's config before any weights load (builtin:tiny-moe: 8 experts per layer)."""
-    from rlcore.trainer.model_checks import check_mesh
+    from rlcore.config.model_checks import check_mesh
 
     cfg = with_(BASE, trainer=TrainerConfig(ep=ep), model=ModelConfig(path=path))
     if message is None:
@@ -200,7 +201,7 @@ def test_the_experts_must_split_by_ep(path, ep, message):
 
 def test_router_replay_needs_a_mixture_of_experts():
     """Read from the model's config before any weights load: the default built-in model is dense."""
-    from rlcore.trainer.model_checks import check_routing
+    from rlcore.config.model_checks import check_routing
 
     check_routing(
         with_(BASE, algo=AlgoConfig(router_replay="replay"), model=ModelConfig(path="builtin:tiny-moe"))
@@ -225,7 +226,7 @@ def test_router_replay_needs_a_mixture_of_experts():
 )  # fmt: skip
 def test_what_a_vision_language_policy_does_not_compose_with_is_refused(parts, message):
     """Read from the model's config before any weights load."""
-    from rlcore.trainer.model_checks import check_vision
+    from rlcore.config.model_checks import check_vision
 
     vl = ModelConfig(path="builtin:tiny-vl", freeze_vision=True)
     check_vision(with_(BASE, model=vl))

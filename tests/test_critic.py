@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from configs import AlgoConfig, CriticConfig, OptimConfig
-from rlcore.critic import ValueModel, build_critic, compute_values, explained_variance
 from rlcore.pure.advantages import gae
+from rlcore.step.critic import ValueModel, build_critic, compute_values, explained_variance
 from tests.configured import new_state, update_critic
 from tests.dist.rollouts import fake_rollout
 

@@ -103,5 +103,5 @@ def test_every_file_the_docs_name_exists():
 
 
 def test_the_file_check_catches_a_moved_file():
-    assert missing_files("the Protocol lives in `trainer/handles.py`, see tests/test_docs.py") == []
+    assert missing_files("the Protocol lives in `step/handles.py`, see tests/test_docs.py") == []
     assert missing_files("implement it in `trainer/transport_protocol.py`") == ["trainer/transport_protocol.py"]

@@ -1,4 +1,4 @@
-"""docs/flags.md is the reference of every flag: what rlcore.flag_reference renders from configs.py, with
+"""docs/flags.md is the reference of every flag: what rlcore.config.flag_reference renders from configs.py, with
 every flag that `python train.py grpo --help` lists, and the values the presets change."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from configs import PRESETS, Config
-from rlcore.flag_reference import COMMAND, render
+from rlcore.config.flag_reference import COMMAND, render
 from rlcore.trainer.cli import parse
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "flags.md"

@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from configs import Config, ModelConfig
+from rlcore.config.cpu_bf16 import bf16_units, slow_bf16_line
+from rlcore.config.fits import alternatives, setup_of
 from rlcore.models.footprint import SavedBytes, Setup, Shape, activation_bytes_per_token, estimate
-from rlcore.trainer.cpu_bf16 import bf16_units, slow_bf16_line
-from rlcore.trainer.fits import alternatives, setup_of
 from rlcore.trainer.logger import read_metrics
 from tests.smoke.test_train import ok, train
 
@@ -26,7 +26,7 @@ QWEN_05B = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 
 
 PHASES = """
 import json, torch
-from rlcore.trainer import memory
+from rlcore.dist import memory
 def rss(): return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
 base = rss()
 with memory.phase_peak("outer"):
@@ -56,7 +56,7 @@ def test_each_phase_gets_its_own_peak_and_the_outer_one_keeps_the_inner():
 
 FRAGMENT = """
 import sys, torch
-from rlcore.trainer import memory
+from rlcore.dist import memory
 assert memory.return_freed_memory(sys.argv[1])
 for _ in range(3):  # freeing mapped 24 MiB blocks raises glibc's dynamic threshold past them
     del_me = torch.ones(24 * 2**18); del del_me
@@ -150,7 +150,7 @@ def test_a_refusal_suggests_no_flag_that_pre_flight_would_refuse():
     suggested; without LoRA it is."""
     from transformers import Qwen2Config
 
-    from rlcore.trainer.fits import fitting
+    from rlcore.config.fits import fitting
 
     shape = Shape.of(Qwen2Config(**QWEN_05B))
     for lora in (0, 16):

@@ -1,4 +1,4 @@
-"""Defaults by the model's kind (issue 56, rlcore.trainer.defaults): a built-in model keeps the values its
+"""Defaults by the model's kind (issue 56, rlcore.config.defaults): a built-in model keeps the values its
 tasks were tuned with, a pretrained one (a directory, a hub id, a GGUF file) gets the pretrained-model
 values, a value the user gives always wins, and a run prints and records what was defaulted."""
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from configs import PRESETS, Config, CriticConfig, DataConfig, OptimConfig, RewardConfig, RolloutConfig
+from rlcore.config.defaults import default_lines, defaulted, model_kind, resolve, validation_files
 from rlcore.models.policy import BUILTIN_MODELS, load_policy
 from rlcore.trainer.cli import parse
-from rlcore.trainer.defaults import default_lines, defaulted, model_kind, resolve, validation_files
 from rlcore.trainer.logger import read_metrics
 from tests.smoke.test_train import ok, reverse_rows, train
 
@@ -52,8 +52,8 @@ def _values(cfg: Config) -> dict[str, float | int | None]:
 def test_the_readme_qwen_example_resolves_to_the_pretrained_defaults(qwen_dir, tmp_path):
     """README: `python train.py grpo --model.path Qwen2.5-0.5B-Instruct --data.train-files gsm8k.parquet`
     (and its dapo and LoRA forms), on a directory of that shape, through the pre-flight checks."""
-    from rlcore.trainer.model_checks import check_context, check_mesh
-    from rlcore.trainer.preflight import validate
+    from rlcore.config.model_checks import check_context, check_mesh
+    from rlcore.config.preflight import validate
 
     data = tmp_path / "gsm8k.parquet"
     data.touch()  # only its existence is checked before any model loads
@@ -266,7 +266,7 @@ def test_the_builtin_default_run_still_validates_on_its_task(tmp_path):
 
 
 def test_on_a_gpu_the_budget_is_a_share_of_its_free_memory(qwen_dir):
-    from rlcore.trainer.defaults import micro_budget
+    from rlcore.config.defaults import micro_budget
 
     per_token = 24 * (13 * 896 + 4 * 4864) * 4 + 8 * 151936  # Qwen2.5-0.5B's shape, fp32 (as above)
     gpu = parse(["grpo", "--model.path", str(qwen_dir), "--trainer.device", "cuda"])
@@ -281,7 +281,7 @@ def test_on_a_gpu_the_budget_is_a_share_of_its_free_memory(qwen_dir):
 
 
 def test_on_a_cpu_the_budget_is_fixed_and_no_gpu_is_asked(qwen_dir):
-    from rlcore.trainer.defaults import micro_budget
+    from rlcore.config.defaults import micro_budget
 
     def no_gpu() -> int:
         raise AssertionError("a CPU run asked a GPU's free memory")

@@ -30,10 +30,10 @@ from rlcore.rewards.pool import RewardScorer
 from rlcore.rollout.base import SamplingParams
 from rlcore.rollout.native import NativeEngine
 from rlcore.state import TrainState
-from rlcore.steps import rollout_step, score_step
-from rlcore.trainer.faults import Hooks
-from rlcore.trainer.learn import learn
-from rlcore.update import ModelState, UpdatePlan, build_optimizer, build_scheduler
+from rlcore.step.steps import rollout_step, score_step
+from rlcore.step.faults import Hooks
+from rlcore.step.learn import learn
+from rlcore.step.update import ModelState, UpdatePlan, build_optimizer, build_scheduler
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,11 +76,11 @@ import tempfile
 from rlcore.dist.mesh import DistInfo as Info
 from rlcore.dist.placement import place
 from rlcore.plan import RolloutPlan, Schedule
-from rlcore.trainer.handles import Handles as RunHandles
+from rlcore.step.handles import Handles as RunHandles
 from rlcore.trainer.logger import MetricsLogger
 from rlcore.trainer.samples import SampleWriter
-from rlcore.trainer.step import train_step
-from rlcore.trainer.transport import Colocated
+from rlcore.step.train_step import train_step
+from rlcore.step.transport import Colocated
 
 out = Path(tempfile.mkdtemp())
 placement = place(Info(rank=0, world_size=1, local_rank=0, device=torch.device("cpu")))

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from rlcore.batch import Batch
-from rlcore.steps import filter_groups, group_ids
-from rlcore.trainer.learn import TrainingDiverged, check_bad_updates
+from rlcore.step.learn import TrainingDiverged, check_bad_updates
+from rlcore.step.steps import filter_groups, group_ids
 from rlcore.trainer.run import step_seed
 
 
@@ -44,7 +44,7 @@ def test_rollouts_of_different_widths_concatenate_with_prompts_left_and_response
     """Dynamic sampling's rounds have their own widths; the log-probs of the joined batch are each round's."""
     from rlcore.models import load_policy
     from rlcore.models.forward import compute_logprobs
-    from rlcore.steps import concat_rollouts
+    from rlcore.step.steps import concat_rollouts
     from tests.dist.rollouts import fake_rollout
 
     a = fake_rollout(2, 2, max_prompt=5, max_response=3, seed=1)
@@ -96,8 +96,8 @@ def test_cpu_builds_with_torch_under_a_path_with_a_space_are_refused_with_one_li
     from pathlib import Path
 
     from configs import PRESETS, ConfigError
+    from rlcore.config.model_checks import check_engine
     from rlcore.rollout import toolchain
-    from rlcore.trainer.model_checks import check_engine
 
     spaced = Path("/tmp/my runs/rlcore/.venv/lib/python3.11/site-packages/torch")
     assert toolchain.cpu_compile_problem(Path("/tmp/rlcore/.venv/lib/python3.11/site-packages/torch")) is None
@@ -117,7 +117,7 @@ def test_cpu_builds_with_torch_under_a_path_with_a_space_are_refused_with_one_li
 
 def test_version_tags_by_hand():
     """Partial rollouts: version 0 from the start, 1 from each row's token 2 / 3, 2 from token 4."""
-    from rlcore.trainer.partial import version_tags
+    from rlcore.step.partial import version_tags
 
     changes = [(torch.tensor([2, 3]), 1), (torch.tensor([4, 4]), 2)]
     assert version_tags((2, 5), 0, changes).tolist() == [[0, 0, 1, 1, 2], [0, 0, 0, 1, 2]]

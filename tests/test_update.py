@@ -1,4 +1,4 @@
-"""rlcore.update in one process: update_step against a loss assembled by hand from rlcore.pure.
+"""rlcore.step.update in one process: update_step against a loss assembled by hand from rlcore.pure.
 
 The reference runs the whole batch through the model once (no micro-batches, no trimming), builds
 the loss from `rlcore.pure` (policy loss + KL loss - entropy bonus), backpropagates, and takes the
@@ -22,7 +22,7 @@ from rlcore.models import load_policy
 from rlcore.pure.kl import kl_estimate
 from rlcore.pure.losses import POLICY_LOSSES, aggregate, entropy
 from rlcore.pure.masks import masked_mean
-from rlcore.update import SAVED_KEY, lr_factor
+from rlcore.step.update import SAVED_KEY, lr_factor
 from tests.configured import new_state, update
 from tests.dist.rollouts import fake_rollout, with_logprobs
 
@@ -265,7 +265,7 @@ def test_clip_cov_draws_new_tokens_every_step_and_the_same_on_a_rerun(setup, mon
 def test_decoupled_is_weights_from_the_correction_step_scale_the_loss(setup):
     """correction_step's is_weights reach the policy loss: with every weight 2 the token-mean loss and
     its gradient double (the same update as tis_cap with weights of 2)."""
-    from rlcore.steps import correction_step
+    from rlcore.step.steps import correction_step
 
     base, batch = setup
     shifted = batch.with_(rollout_logprobs=batch["old_logprobs"] - math.log(2.0), overwrite=True)
@@ -283,7 +283,7 @@ def test_decoupled_is_weights_from_the_correction_step_scale_the_loss(setup):
 
 
 def test_rejection_and_veto_remove_units_from_the_mask(setup):
-    from rlcore.steps import correction_step
+    from rlcore.step.steps import correction_step
 
     _, batch = setup
     mask = batch["response_mask"]

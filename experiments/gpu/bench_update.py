@@ -9,7 +9,7 @@ never asserts. What it does:
 - a random-init `Qwen2ForCausalLM` built from a config with Qwen2-0.5B's shapes (hidden 896,
   24 layers, 14 heads / 2 KV heads, MLP 4864, vocab 151,936, tied embeddings), no download;
   fp32 master weights, FSDP2 on a 1-rank mesh (`rlcore.dist.apply_fsdp`) with bf16 parameters
-  and fp32 gradient reduction; AdamW (`rlcore.update.build_optimizer`);
+  and fp32 gradient reduction; AdamW (`rlcore.step.update.build_optimizer`);
 - a synthetic GRPO batch (prompts 64-256 tokens, responses log-normal, median 512, cap 4096);
 - times (CUDA-synchronised medians): the log-prob pass (`compute_logprobs`) and `update_step`
   (token-budget dynamic batching, ppo_clip, token-mean, one optimizer update);
@@ -46,7 +46,7 @@ from rlcore.dist.mesh import MeshAxis  # noqa: E402
 from rlcore.models.forward import compute_logprobs  # noqa: E402
 from rlcore.pure.advantages import ESTIMATORS  # noqa: E402
 from rlcore.pure.losses import POLICY_LOSSES  # noqa: E402
-from rlcore.update import ModelState, UpdatePlan, build_optimizer, build_scheduler, update_step  # noqa: E402
+from rlcore.step.update import ModelState, UpdatePlan, build_optimizer, build_scheduler, update_step  # noqa: E402
 
 
 def qwen2_05b_config(quick: bool) -> Qwen2Config:

@@ -17,7 +17,7 @@ each rank's own tokens (replay included); then the experts' forward:
     4. all-to-all the outputs back, scale by the gate weights, sum each token's top-k (as the model does)
 
 Gradients: the all-to-all's backward is the reverse all-to-all, so an expert shard's gradient sums the
-tokens of every rank of its group; across groups it is Partial and `rlcore.update` sums it to the
+tokens of every rank of its group; across groups it is Partial and `rlcore.step.update` sums it to the
 parameter's placement before the norm (as for tensor parallelism's replicated halves). With FSDP2's sum
 reduction for the rest, every gradient is the gradient of the global loss, as without ep.
 

@@ -8,7 +8,7 @@
 Each decoder layer is one FSDP unit, the root (embeddings, final norm, lm_head — tied or not) is the
 last. A 2-D mesh (dp_replicate, dp_shard) gives hybrid sharding: shard inside a group, replicate
 across groups. Gradients are reduced as a plain SUM over ranks (`set_gradient_divide_factor(1.0)`),
-not FSDP2's default average: the losses of `rlcore.update` are already divided by global token /
+not FSDP2's default average: the losses of `rlcore.step.update` are already divided by global token /
 sequence counts, so the summed gradient is the gradient of the global loss whatever the world size.
 With one process the trainer keeps the plain module; every helper here accepts both.
 """

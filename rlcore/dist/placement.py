@@ -21,7 +21,7 @@ are *peers*: they hold one model split between them and train one batch, so `loc
 data-parallel coordinate (rank and size of `mesh`, the dp_shard axis) that picks the prompts and the
 sampling seeds, `shard_mesh` is what FSDP2 shards over (dp_shard, flattened with sp: sp ranks hold the
 same parameters and sum their gradients), and `peers` is the group whose first rank's batch every peer
-trains (`rlcore.trainer.collect`).
+trains (`rlcore.step.collect`).
 
 With expert parallelism the trainer ranks, data-parallel as without it, also form groups of ep
 neighbours that split every MoE layer's experts: `ep_mesh` is (ep_replicate, ep), or (ep,) for one group.

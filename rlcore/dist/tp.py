@@ -26,7 +26,7 @@ no extra collective forward. On a row-wise layer, A is split by its input like t
 replicated: the partial x A^T (r wide, not out wide) is summed over the tp ranks, and B then adds the
 replicated output. The other pairing would move out-wide activations instead (out/r times the bytes).
 The replicated halves get Partial gradients, summed once to their parameter's placement before the
-norm and the optimizer read them (`rlcore.update`; under FSDP2 its reduction does it).
+norm and the optimizer read them (`rlcore.step.update`; under FSDP2 its reduction does it).
 """
 
 from __future__ import annotations

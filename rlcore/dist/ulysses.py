@@ -52,7 +52,7 @@ def sp_problem(config: Any, sp: int, tp: int = 1) -> str | None:
 def apply_sp(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
     """Route `model`'s attention through `ulysses_attention` over the 1-D `mesh`, in place. From then
     on its forwards must take this rank's columns (`SequenceLayout.local`); `rlcore.models.forward`
-    and `rlcore.critic` do."""
+    and `rlcore.step.critic` do."""
     from transformers import AttentionInterface
 
     problem = sp_problem(model.config, mesh.size())

@@ -192,7 +192,7 @@ def packed_mask(model: nn.Module, inputs: ModelInputs) -> Tensor:
 def _replaying(model: nn.Module, layout: Layout) -> Iterator[dict[str, Tensor]]:
     """A mixture of experts routes the forward's tokens by the layout's recorded routes (none: its own).
     The replay stays set after the block: a checkpointed backward recomputes the forward under it; the
-    pass that set it clears it (`rlcore.models.forward.compute_logprobs`, `rlcore.update.update_step`)."""
+    pass that set it clears it (`rlcore.models.forward.compute_logprobs`, `rlcore.step.update.update_step`)."""
     tap = router_tap(model)
     if tap is not None:
         tap.set_replay(layout.routes)

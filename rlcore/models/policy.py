@@ -223,7 +223,7 @@ def load_model(path: str, *, dtype: torch.dtype = torch.float32, seed: int = 0) 
 
 def context_length(module: Any, tokenizer: Any) -> int:
     """A loaded model's context: its (text) config's `max_position_embeddings` (a vision-language model's is its
-    language model's, as `rlcore.trainer.model_checks.max_positions` reads it), else the tokenizer's
+    language model's, as `rlcore.config.model_checks.max_positions` reads it), else the tokenizer's
     `model_max_length` (also for an engine that holds no module here)."""
     config = getattr(module, "config", None)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config

@@ -20,7 +20,7 @@ mutated") instead of computing other gradients. `matmul` of a 3-D input returns 
 is then seen. In-place ops on anything else are replayed, so a router's weights normalised in place, or an
 accumulator made inside the layer (a mixture of experts' `zeros` then `index_add_` per expert), are rebuilt
 the same way. The trainer's LoRA layers add their adapter in place into the base product's output, so the
-two are refused together (`rlcore.trainer.compatibility`)."""
+two are refused together (`rlcore.config.compatibility`)."""
 
 from __future__ import annotations
 

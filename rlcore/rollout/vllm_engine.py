@@ -91,7 +91,7 @@ from rlcore.rollout.vllm_support import (  # noqa: F401  (config_head_dim, vllm_
 )
 from rlcore.rollout.vllm_weights import cpu_gemms, load_into, loader_weights
 from rlcore.rollout.vllm_weights import repack_stale_cpu_weights as _repack_stale_cpu_weights
-from rlcore.steps import logprob_gap  # noqa: F401  (its home was here: scripts import it from here)
+from rlcore.step.steps import logprob_gap  # noqa: F401  (its home was here: scripts import it from here)
 
 # `_set_env_defaults` and `_repack_stale_cpu_weights` keep their old names here: tests call and patch them.
 

@@ -1,5 +1,5 @@
 """Loading named full tensors into an engine's model in place (`NativeEngine.load_weights`, and the trainer's
-weight pushes, `rlcore.trainer.weights`).
+weight pushes, `rlcore.step.weights`).
 
     load_named(model, [("model.layers.0.mlp.up_proj.weight", tensor), ...])
     canonical_name("_orig_mod.module.lm_head.weight")     # "lm_head.weight"

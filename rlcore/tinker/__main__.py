@@ -18,8 +18,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import tyro
 
+    from rlcore.config.messages import condense
     from rlcore.tinker.serve import ServeArgs, serve
-    from rlcore.trainer.cli import condense
 
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:

@@ -28,13 +28,13 @@ from torch import Tensor
 from configs import Config, ConfigError, ModelConfig, RolloutConfig, TrainerConfig
 from rlcore.data.prompts import pad_token_id
 from rlcore.dist.checkpoint import load_checkpoint, save_checkpoint
+from rlcore.step.update import build_optimizer, grad_norm
 from rlcore.tinker.errors import UserError
 from rlcore.tinker.limits import Deadline, Limits, check_rank
 from rlcore.tinker.losses import check_inputs, loss_of
 from rlcore.tinker.names import check_base_model, checked, under
 from rlcore.tinker.rows import datum_rows, packed_inputs, right_aligned, row_inputs, row_logprobs, sequence_of
 from rlcore.tinker.wire import Datum
-from rlcore.update import build_optimizer, grad_norm
 
 LOGITS_BYTES = 2**30
 """The automatic micro-batch: at most this many bytes of fp32 logits (tokens x vocabulary x 4): 1 GiB is ~5K
@@ -104,7 +104,7 @@ class TrainedModel:
         """(the engine over its own copy of the weights, and on a rollout rank of a LoRA policy the copy's
         relay for pushed adapters); a LoRA or sharded policy's engine has its own copy already."""
         from rlcore.dist.fsdp import model_mesh
-        from rlcore.trainer.weights import AdapterRelay
+        from rlcore.step.weights import AdapterRelay
 
         if self.placement.role == "rollout":  # split: the copy the pushes land in
             copy = models.build_engine_copy(self.cfg, self.placement.local)
@@ -279,7 +279,7 @@ class TrainedModel:
             split.push_to_rollouts(self.model, self.placement, version=self.version, changed=changed,
                                    bucket_bytes=self._bucket())  # fmt: skip
         elif changed:
-            from rlcore.trainer.weights import push_weights
+            from rlcore.step.weights import push_weights
 
             push_weights(self.model, self.engine, bucket_bytes=self._bucket())
         self.engine_version = self.version

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from rlcore.dist.memory import give_back
 from rlcore.tinker import split
 from rlcore.tinker.errors import UserError
 from rlcore.tinker.futures import Futures, Result
@@ -31,7 +32,6 @@ from rlcore.tinker.model import ServeOptions, TrainedModel, state_extra
 from rlcore.tinker.names import checked, under
 from rlcore.tinker.sampling import SampleOp, run_samples
 from rlcore.tinker.wire import ForwardBackward, encode_forward_backward
-from rlcore.trainer.memory import give_back
 
 log = logging.getLogger("rlcore.tinker")
 PING_S = 30.0
@@ -130,7 +130,7 @@ class Served:
         """Run a training operation on this rank: its result (rank 0's is the one answered). Under split
         placement an operation on the trained model alone runs on the trainer ranks, and the trainer leader
         hands its result (or its failure) to rank 0 (`rlcore.tinker.split`). What it freed goes back to the
-        kernel after it (`rlcore.trainer.memory.give_back`)."""
+        kernel after it (`rlcore.dist.memory.give_back`)."""
         try:
             return self._run(op)
         finally:

@@ -14,14 +14,14 @@ import time
 from pathlib import Path
 from typing import Literal
 
+from rlcore.dist.memory import return_freed_memory
 from rlcore.dist.mesh import close_distributed, init_distributed
+from rlcore.dist.peers import EXIT_PEER_LOST
 from rlcore.dist.placement import place
 from rlcore.dist.rendezvous import WorldNotFormed
 from rlcore.tinker.limits import Limits
 from rlcore.tinker.model import ServeOptions
 from rlcore.tinker.ops import Served, follow
-from rlcore.trainer.errors import EXIT_PEER_LOST
-from rlcore.trainer.memory import return_freed_memory
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -6,7 +6,7 @@ and rank 0 samples; the other ranks train (FSDP2 among themselves). What crosses
 - a push (`save_weights_for_sampler`): the leader announces the version and whether the weights changed,
   then broadcasts them (gathered over the trainer ranks; LoRA: the adapter tensors only) to the rollout
   ranks, which load them into their engine (a LoRA copy first takes the adapter, then refreshes its engine
-  as a colocated push does: `rlcore.trainer.weights.AdapterRelay`). The same transfer as train.py's split
+  as a colocated push does: `rlcore.step.weights.AdapterRelay`). The same transfer as train.py's split
   placement (`rlcore.dist.transfer`).
 """
 
@@ -20,7 +20,7 @@ import torch.distributed as dist
 from rlcore.dist.mesh import group_device
 from rlcore.dist.stream import WeightPush
 from rlcore.dist.transfer import broadcast_weights, receive_weights
-from rlcore.trainer.weights import push_state
+from rlcore.step.weights import push_state
 
 
 def send_result(result: Any, placement: Any) -> None:

@@ -16,9 +16,15 @@ import torch
 
 from configs import Config, ConfigError
 from rlcore.algorithm import Algorithm
+from rlcore.config import model_checks
+from rlcore.config.cpu_bf16 import bf16_units, cpu_flags, slow_bf16_line
+from rlcore.config.defaults import default_lines, micro_budget, model_kind
+from rlcore.config.fits import check_fits
+from rlcore.config.preflight import preflight
 from rlcore.data.dataset import Cursor, PromptDataset
 from rlcore.data.rows import DataError
 from rlcore.data.sources import read_sources
+from rlcore.dist import memory
 from rlcore.dist.mesh import init_distributed
 from rlcore.dist.placement import as_world, place
 from rlcore.plan import StepPlan
@@ -27,18 +33,14 @@ from rlcore.rewards.dispatch import find_reward
 from rlcore.rewards.pool import RewardScorer
 from rlcore.rollout.env import EnvSpecError
 from rlcore.state import TrainState
-from rlcore.trainer import agents, judges, memory, model_checks, models
+from rlcore.step.faults import Hooks
+from rlcore.step.handles import Handles, Outbox
+from rlcore.step.transport import transport_of
+from rlcore.step.weights import AdapterRelay
+from rlcore.trainer import agents, judges, models
 from rlcore.trainer.algorithm import bind, sync_bucket_bytes
-from rlcore.trainer.cpu_bf16 import bf16_units, cpu_flags, slow_bf16_line
-from rlcore.trainer.defaults import default_lines, micro_budget, model_kind
-from rlcore.trainer.faults import Hooks
-from rlcore.trainer.fits import check_fits
-from rlcore.trainer.handles import Handles, Outbox
 from rlcore.trainer.logger import MetricsLogger
-from rlcore.trainer.preflight import preflight
 from rlcore.trainer.samples import SampleWriter
-from rlcore.trainer.transport import transport_of
-from rlcore.trainer.weights import AdapterRelay
 
 USER_ERRORS = (ConfigError, DataError, RewardSpecError, EnvSpecError)
 """What the user fixes: one `error:` line and exit 2."""
@@ -47,7 +49,7 @@ USER_ERRORS = (ConfigError, DataError, RewardSpecError, EnvSpecError)
 def build(
     cfg: Config, defaulted: dict[str, Any] | None = None
 ) -> tuple[TrainState, Handles, Algorithm, StepPlan]:
-    """The run of `cfg`, resolved (`rlcore.trainer.defaults.resolve`); `defaulted` names the values its
+    """The run of `cfg`, resolved (`rlcore.config.defaults.resolve`); `defaulted` names the values its
     model's kind gave it (`defaults.defaulted` of the user's config): printed first, kept in config.json."""
     defaulted = defaulted or {}
     timeout = cfg.trainer.rendezvous_timeout_s

@@ -33,7 +33,7 @@ from rlcore.trainer import signals
 from rlcore.trainer.errors import StopRun, reason
 
 if TYPE_CHECKING:
-    from rlcore.trainer.handles import Handles
+    from rlcore.step.handles import Handles
 
 LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, pickle.UnpicklingError)
 """What loading an unusable checkpoint raises (besides DCP's CheckpointException)."""

@@ -5,13 +5,13 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import re
 import sys
 from collections.abc import Sequence
 
 import tyro
 
 from configs import PRESETS, Config, ConfigError
+from rlcore.config.messages import condense
 
 
 class UserError(ValueError):
@@ -80,16 +80,3 @@ def _tyro(args: list[str]) -> Config:
     return tyro.extras.overridable_config_cli(
         PRESETS, args=args, prog="train.py", description="rlcore: RL post-training of language models."
     )
-
-
-def condense(message: str, prog: str = "python train.py") -> str:
-    """tyro's boxed error as one line: what is wrong, and the closest flag when it suggests one."""
-    lines = [line.strip() for line in message.splitlines()]
-    rules = [i for i, line in enumerate(lines) if line and set(line) == {"-"}]
-    body = lines[rules[0] + 1 : rules[1]] if len(rules) >= 2 else lines
-    text = " ".join(line for line in body if line and "Perhaps you meant" not in line)
-    text = re.sub(r"\s+", " ", text).strip() or "invalid command line"
-    if "Perhaps you meant:" in lines:
-        hint = lines[lines.index("Perhaps you meant:") + 1].split()[0]
-        text += f"; did you mean {hint}?"
-    return f"{text} (see {prog} --help)"

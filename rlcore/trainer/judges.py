@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from configs import Config, ConfigError
+from rlcore.config.algo_checks import need
+from rlcore.config.defaults import DTYPES
 from rlcore.rewards.judge import DEFAULT_TEMPLATE, PARSERS, Judge, Parser, check_template
 from rlcore.rollout.base import SamplingParams
-from rlcore.trainer.algorithm import DTYPES, need
 
 
 @dataclasses.dataclass(frozen=True)

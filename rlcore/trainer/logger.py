@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from rlcore.trainer import memory
+from rlcore.dist import memory
 from rlcore.trainer.errors import StopRun
 
 
@@ -191,12 +191,3 @@ def gpu_reserved_mb() -> float:
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return 0.0
     return torch.cuda.memory_reserved() / 2**20
-
-
-def gpu_free_mb() -> float | None:
-    """MiB free on this process's CUDA device (any allocator's memory counts as used); None without CUDA."""
-    import torch
-
-    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
-        return None
-    return torch.cuda.mem_get_info()[0] / 2**20

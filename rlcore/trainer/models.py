@@ -1,15 +1,16 @@
 """Building the models, the optimizer state and the rollout engine of a run; final/ export (the weight
-push is rlcore.trainer.weights)."""
+push is rlcore.step.weights)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from configs import Config, ConfigError
+from rlcore.config.defaults import DTYPES
+from rlcore.config.model_checks import max_positions, model_dir
 from rlcore.dist.reduce import world_max
 from rlcore.models.policy import load_model, load_tokenizer
-from rlcore.trainer.algorithm import DTYPES, sync_bucket_bytes
-from rlcore.trainer.model_checks import max_positions, model_dir
+from rlcore.trainer.algorithm import sync_bucket_bytes
 
 
 def tokenizer_of(cfg: Config) -> Any:
@@ -148,7 +149,7 @@ def build_engine_copy(cfg: Config, dist: Any) -> Any:
 
 def build_reference(cfg: Config, placement: Any) -> Any:
     """A frozen copy of the starting policy, sharded like it, never updated (None with LoRA: the
-    reference is then the policy with its adapter disabled, `rlcore.trainer.learn.reference`)."""
+    reference is then the policy with its adapter disabled, `rlcore.step.learn.reference`)."""
     if cfg.model.lora_rank > 0:
         return None
     model = _routed(_load(cfg, placement.local), cfg)
@@ -278,7 +279,7 @@ def _critic_lora(cfg: Config) -> dict[str, Any] | None:
 
 def build_critic_state(cfg: Config, placement: Any) -> Any:
     """The PPO critic (initialised from --critic.path or the policy) with its own optimizer and schedule."""
-    from rlcore.critic import build_critic
+    from rlcore.step.critic import build_critic
     from rlcore.trainer.algorithm import critic_optim, model_state, updates_per_run
 
     try:

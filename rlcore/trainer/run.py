@@ -18,20 +18,19 @@ import sys
 
 from configs import Config
 from rlcore.algorithm import Algorithm
+from rlcore.config import defaults
+from rlcore.dist import memory
 from rlcore.dist.mesh import close_distributed, group_rank, group_size, leave_in_order
+from rlcore.dist.peers import EXIT_PEER_LOST, lost_peer
 from rlcore.dist.rendezvous import WorldNotFormed
 from rlcore.plan import StepPlan
 from rlcore.rewards.pool import RewardError
 from rlcore.state import TrainState
-from rlcore.trainer import checkpoints, defaults, memory, models, signals, split
-from rlcore.trainer.build import USER_ERRORS, build
-from rlcore.trainer.collect import step_seed
-from rlcore.trainer.errors import EXIT_PEER_LOST, StopRun, lost_peer, reason
-from rlcore.trainer.handles import Handles
-from rlcore.trainer.health import ExactnessLost, check_exact, check_health
-from rlcore.trainer.learn import TrainingDiverged, check_bad_updates
-from rlcore.trainer.logger import read_metrics
-from rlcore.trainer.phases import (
+from rlcore.step import split
+from rlcore.step.collect import step_seed
+from rlcore.step.handles import Handles
+from rlcore.step.learn import TrainingDiverged, check_bad_updates
+from rlcore.step.phases import (
     StepProfiler,
     Watchdog,
     at_step,
@@ -39,17 +38,22 @@ from rlcore.trainer.phases import (
     profile_steps,
     watching,
 )
+from rlcore.step.train_step import train_step
+from rlcore.step.transport import Colocated
+from rlcore.step.weights import engine_holds
+from rlcore.trainer import checkpoints, models, signals
+from rlcore.trainer.build import USER_ERRORS, build
+from rlcore.trainer.errors import StopRun, reason
+from rlcore.trainer.health import ExactnessLost, check_exact, check_health
+from rlcore.trainer.logger import read_metrics
 from rlcore.trainer.plots import plot_curves
-from rlcore.trainer.step import train_step
-from rlcore.trainer.transport import Colocated
-from rlcore.trainer.weights import engine_holds
 
 __all__ = ["Handles", "TrainingDiverged", "build", "run", "step_seed", "train_step"]
 
 
 def run(cfg: Config) -> int:
     """Train to the end; user errors print one line and return 2, a diverged run 3. The fields `cfg` leaves
-    to the model's kind are resolved here, once (`rlcore.trainer.defaults`): the run uses the new config."""
+    to the model's kind are resolved here, once (`rlcore.config.defaults`): the run uses the new config."""
     memory.return_freed_memory(cfg.trainer.freed_memory)  # freed tensors go back to the kernel
     defaulted = defaults.defaulted(cfg)
     cfg = defaults.resolve(cfg, defaulted)
@@ -157,7 +161,14 @@ def loop(state: TrainState, h: Handles, algorithm: Algorithm, plan: StepPlan, co
         state = checkpoints.resume(state, h, cfg.resume)
         if not h.placement.trains:
             validate = Colocated().validation  # the engine is this rank's
-            return split.rollout_loop(state, h, algorithm, plan, lambda step: validate(h, plan, step))
+            return split.rollout_loop(
+                state,
+                h,
+                algorithm,
+                plan,
+                lambda step: validate(h, plan, step),
+                lambda s: checkpoints.save(s, h, keep_last=plan.schedule.keep_last),
+            )
         return _train_loop(state, h, algorithm, plan, control)
 
 

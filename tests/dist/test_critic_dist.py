@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from configs import AlgoConfig, CriticConfig, OptimConfig
-from rlcore.critic import build_critic, compute_values
+from rlcore.step.critic import build_critic, compute_values
 from tests.configured import update_critic
 from tests.dist import workers
 from tests.dist.rollouts import fake_rollout

@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 
 from rlcore.dist import delta
 from rlcore.dist.delta import PushCopy, as_bytes, decode_all, encode_all
-from rlcore.trainer.faults import Hooks
+from rlcore.step.faults import Hooks
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32, torch.int8,
           torch.uint8, torch.bool]  # fmt: skip

@@ -167,7 +167,7 @@ def checkpoint_and_stream(rank: int, directory: Path, algo: AlgoConfig, optim: O
 def critic_update_worker(rank: int, directory: Path, batch: Batch) -> None:
     """One critic update on this rank's rows of `batch` (whole prompt groups), FSDP2 over 2 ranks."""
     from configs import CriticConfig
-    from rlcore.critic import build_critic
+    from rlcore.step.critic import build_critic
     from tests.configured import update_critic
 
     info = init_distributed("cpu")
@@ -201,7 +201,7 @@ def context_worker(rank: int, directory: Path) -> None:
     import dataclasses
 
     from configs import PRESETS, ConfigError
-    from rlcore.trainer.model_checks import check_context
+    from rlcore.config.model_checks import check_context
 
     cfg = PRESETS["grpo"][1]
     cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, max_tokens=1900))

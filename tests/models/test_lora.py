@@ -13,7 +13,7 @@ from torch.utils._pytree import tree_leaves
 from configs import AlgoConfig, OptimConfig
 from rlcore.models import load_policy
 from rlcore.models.lora import adapter_disabled, apply_lora, merged_state, save_adapter
-from rlcore.update import build_optimizer
+from rlcore.step.update import build_optimizer
 from tests.configured import new_state, update
 from tests.dist.rollouts import fake_rollout, with_logprobs
 from tests.test_update import HORIZON, _hand_loss

@@ -12,8 +12,8 @@ from rlcore.dist.mesh import DistInfo
 from rlcore.models import load_policy
 from rlcore.models.lora import apply_lora
 from rlcore.rollout.native import NativeEngine
+from rlcore.step.weights import engine_holds, push_weights
 from rlcore.trainer.models import build_engine
-from rlcore.trainer.weights import engine_holds, push_weights
 
 CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 

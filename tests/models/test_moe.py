@@ -191,7 +191,7 @@ def test_rounds_of_other_widths_join_with_their_routes_aligned():
     """Dynamic sampling joins rounds of different prompt and response widths (`concat_rollouts`): the
     routes are padded with -1 where the tokens are (prompts on the left, responses on the right), so
     each row's routes stay on its tokens."""
-    from rlcore.steps import concat_rollouts
+    from rlcore.step.steps import concat_rollouts
 
     model, tokenizer = load_policy("builtin:tiny-moe")
     engine = NativeEngine(model, tokenizer, record_routes=True)

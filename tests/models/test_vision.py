@@ -23,7 +23,7 @@ from rlcore.models.vision import placeholder_ids
 from rlcore.rollout.base import SamplingParams
 from rlcore.rollout.native import NativeEngine
 from rlcore.state import Rollout, rollouts_from_tensors, rollouts_to_tensors
-from rlcore.steps import concat_rollouts
+from rlcore.step.steps import concat_rollouts
 from tests.models.vl_models import model, png, tokenizer, vision
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
@@ -190,9 +190,9 @@ def test_bad_images_are_one_line_naming_the_row(tmp_path):
 
 
 def test_critic_lora_and_freezing_see_the_language_model_and_the_images():
-    from rlcore.critic import build_critic, compute_values
     from rlcore.models.lora import adapter_params, apply_lora
     from rlcore.models.vision import vision_tower
+    from rlcore.step.critic import build_critic, compute_values
 
     m, tok = model("qwen2_vl"), tokenizer()
     out = NativeEngine(m, tok).generate(make_prompt_batch(rows(), tok, vision=vision("qwen2_vl")),

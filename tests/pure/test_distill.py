@@ -48,7 +48,7 @@ def test_reverse_kl_stats_by_hand():
 
 
 def test_advantage_step_adds_the_teacher_term_to_grpo_and_keeps_the_returns():
-    """rlcore.steps.advantage_step with GRPO and a teacher (coef 0.5): one group of two rows scoring 1 and
+    """rlcore.step.steps.advantage_step with GRPO and a teacher (coef 0.5): one group of two rows scoring 1 and
     0 (mean 0.5, unbiased std 1/sqrt(2): GRPO advantages +-1/sqrt(2) ~ +-0.70711 on every response token),
     plus 0.5 * (teacher - old log-prob) per token; the returns stay GRPO's."""
     from functools import partial
@@ -57,7 +57,7 @@ def test_advantage_step_adds_the_teacher_term_to_grpo_and_keeps_the_returns():
     from rlcore.batch import Batch
     from rlcore.pure.advantages import ESTIMATORS
     from rlcore.pure.losses import POLICY_LOSSES
-    from rlcore.steps import advantage_step
+    from rlcore.step.steps import advantage_step
 
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     batch = Batch.from_dict({

@@ -129,15 +129,6 @@ def _preload() -> None:
     import tyro  # noqa: F401
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
 
-    import rlcore.critic
-    import rlcore.dist.checkpoint
-    import rlcore.dist.stream
-    import rlcore.trainer.models
-    import rlcore.trainer.plots
-    import rlcore.trainer.run
-    import rlcore.trainer.sft
-    import rlcore.trainer.validation
-    import rlcore.update  # noqa: F401
     import train  # noqa: F401
     from rlcore.trainer.cli import parse
 

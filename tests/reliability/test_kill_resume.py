@@ -1,7 +1,7 @@
 """SIGKILL at a random point of a run, then `--resume auto`: the result equals an uninterrupted run's.
 
 Ten seeds each pick a (step, phase); the run kills itself there (RLCORE_TEST_KILL_AT, see
-rlcore/trainer/faults.py): after the rollout (data cursor advanced, nothing learned), after the update
+rlcore/step/faults.py): after the rollout (data cursor advanced, nothing learned), after the update
 (weights changed in memory, nothing logged) or inside a checkpoint save (files written, not committed).
 A fresh process then resumes from what is on disk and must end with the same metrics and weights.
 """
@@ -15,7 +15,7 @@ import signal
 import pytest
 
 from rlcore.dist.checkpoint import latest_checkpoint
-from rlcore.trainer.faults import PHASES
+from rlcore.step.faults import PHASES
 from rlcore.trainer.logger import read_metrics
 from tests.reliability.helpers import RUN, STEPS, assert_same_run, ok
 

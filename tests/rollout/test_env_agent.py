@@ -423,13 +423,13 @@ def test_without_a_prompt_the_first_observation_is_the_first_user_turn(tok):
 
 
 def test_partial_rollouts_keep_episodes_and_tag_each_turns_tokens(tok):
-    """Multi-turn partial rollouts (`rlcore.trainer.partial.tagged` over the agent loop) with a gymnasium
+    """Multi-turn partial rollouts (`rlcore.step.partial.tagged` over the agent loop) with a gymnasium
     env: a push taken between every two decode steps (the version goes up by one) leaves the episodes in
     flight alone (each env reset once, its secret and the misses so far kept: the same episodes, hints
     and rewards as without pushes), and every model token carries the version it was sampled with,
     rising along the episode across turns."""
     from rlcore.rollout.agent import AgentEngine
-    from rlcore.trainer.partial import tagged
+    from rlcore.step.partial import tagged
 
     class GymRowGuess(Guess, gymnasium.Env):  # a gymnasium env: its state is the secret and the misses
         observation_space = gymnasium.spaces.Text(64)

@@ -107,7 +107,7 @@ def test_vllm_on_cpu_refuses_a_moe_with_lora_in_one_line(tmp_path):
     (measured: `triton.language` has no `float32` there): refused before any model loads. Without LoRA
     the same model is accepted."""
     from configs import PRESETS, ConfigError, ModelConfig, RolloutConfig
-    from rlcore.trainer.model_checks import check_engine
+    from rlcore.config.model_checks import check_engine
 
     FAMILIES["qwen3_moe"]().save_pretrained(tmp_path)
 

@@ -21,9 +21,9 @@ from rlcore.models import build_char_tokenizer, builtin_config
 from rlcore.pure import token_logprobs
 from rlcore.rollout.base import SamplingParams
 from rlcore.rollout.vllm_engine import logprob_gap
-from rlcore.trainer.faults import Hooks
+from rlcore.step.faults import Hooks
+from rlcore.step.weights import push_weights
 from rlcore.trainer.health import gap_warning
-from rlcore.trainer.weights import push_weights
 from tests.rollout.test_vllm_engine import TEXTS, make_prompts, require_vllm, teacher_forced_logits
 
 SAMPLING = SamplingParams(n=4, max_tokens=16, seed=1)

@@ -20,7 +20,7 @@ from tests.smoke.test_train import train
 POSITIONS = 128
 STEPS = ["--trainer.steps", "2", "--trainer.val-every", "0", "--data.batch-size", "4", "--rollout.n", "4",
          "--rollout.max-tokens", "12", "--log.no-progress"]  # fmt: skip
-"""A directory is a pretrained model, whose default response budget is 512 (rlcore.trainer.defaults): these
+"""A directory is a pretrained model, whose default response budget is 512 (rlcore.config.defaults): these
 tests keep the built-in models' 12."""
 
 

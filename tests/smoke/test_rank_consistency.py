@@ -1,6 +1,6 @@
 """What must agree across torchrun ranks does (issue 15): 2 gloo ranks, the real train.py.
 
-Each rank writes the run state it ends with (RLCORE_TEST_DUMP_STATE, rlcore/trainer/faults.py): KL
+Each rank writes the run state it ends with (RLCORE_TEST_DUMP_STATE, rlcore/step/faults.py): KL
 coefficient, data cursor, step, bad-update count. Before issue 15 the adaptive KL controller read each
 rank's own KL (the coefficients drifted apart) and DAPO's dynamic sampling let a rank that filled up
 early stop drawing (its cursor fell behind the others').

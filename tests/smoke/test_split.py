@@ -16,8 +16,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from rlcore.step.split import routes
 from rlcore.trainer.logger import read_metrics
-from rlcore.trainer.split import routes
 from tests.smoke.test_train import ROOT, SMALL
 
 ARGS = [*SMALL, "--trainer.steps", "4", "--trainer.val-every", "2", "--optim.lr", "1e-2"]

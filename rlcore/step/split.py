@@ -18,7 +18,7 @@ parts, one per trainer rank (with dynamic sampling every rollout rank first keep
 the fewest of them has, as colocated ranks do).
 
 Stream mode (--pipeline.mode stream) changes only when the rollout ranks take a push: the leader
-sends it without waiting (`rlcore.trainer.handles.Outbox`), a rollout rank takes whatever has arrived before each batch
+sends it without waiting (`rlcore.step.handles.Outbox`), a rollout rank takes whatever has arrived before each batch
 (`Inbox`) and waits only when the next batch would be more than K versions behind; with
 --pipeline.partial-rollout it also takes pushes between decode steps of a batch. Which version a
 batch gets then depends on timing: fresher samples, no reproducibility.
@@ -58,14 +58,13 @@ from rlcore.dist.transfer import (
 )
 from rlcore.plan import StepPlan
 from rlcore.state import Rollout, TrainState
-from rlcore.steps import concat_rollouts
-from rlcore.trainer import checkpoints
-from rlcore.trainer.collect import due, generate
-from rlcore.trainer.partial import tagged
-from rlcore.trainer.weights import push_state
+from rlcore.step.collect import due, generate
+from rlcore.step.partial import tagged
+from rlcore.step.steps import concat_rollouts
+from rlcore.step.weights import push_state
 
 if TYPE_CHECKING:
-    from rlcore.trainer.handles import Handles
+    from rlcore.step.handles import Handles
 
 
 def routes(groups: int, rank: int, rollout_ranks: int, trainer_ranks: int) -> list[tuple[int, int]]:
@@ -272,12 +271,14 @@ def rollout_loop(
     algorithm: Algorithm,
     plan: StepPlan,
     validate: Callable[[int], dict[str, float]],
+    save: Callable[[TrainState], None],
 ) -> TrainState:
     """Generate the batches the schedule allows, send them, take the trainer's pushes; validate and save
     where the trainer does. Lag mode: every allowed batch, then wait for the next push (each batch
     is generated with version max(0, t - 1 - K) exactly). Stream mode: one batch at a time, each with the
     newest weights that have arrived (still at most K versions behind), waiting only when K binds.
-    `validate(step)` measures the engine's policy; `state` is the restored one after a resume."""
+    `validate(step)` measures the engine's policy and `save(state)` checkpoints it; `state` is the restored
+    one after a resume."""
     last = plan.schedule.steps
     inbox = Inbox(h) if plan.schedule.stream else None
     mirror = PushCopy() if plan.schedule.push == "delta" else None  # what this rank last received
@@ -291,7 +292,7 @@ def rollout_loop(
     while True:
         if inbox is not None:
             while state.step < last and inbox.arrived():  # pushes that came while this rank generated
-                state = _took(receive_push(state, h, inbox.take(), mirror)[0], h, plan, validate, inbox)
+                state = _took(receive_push(state, h, inbox.take(), mirror)[0], h, plan, validate, save, inbox)
         steps = due(state, plan)
         if steps:
             for step in steps[:1] if inbox is not None else steps:  # stream: one batch, then new weights
@@ -304,7 +305,7 @@ def rollout_loop(
                 works += send_rollout(state.pending[-1], h, plan)
                 idle = 0.0
                 for pushed in took:  # pushes taken mid-batch: validate and save now, with the batch sent
-                    _took(dataclasses.replace(state, step=pushed), h, plan, validate, None)
+                    _took(dataclasses.replace(state, step=pushed), h, plan, validate, save, None)
             continue
         if state.step >= last:
             break
@@ -313,7 +314,7 @@ def rollout_loop(
         state, waited = receive_push(state, h, announce, mirror)
         idle += waited + (time.perf_counter() - started if inbox is not None else 0.0)
         works = [w for w in works if not w.is_completed()]
-        state = _took(state, h, plan, validate, inbox)
+        state = _took(state, h, plan, validate, save, inbox)
     for w in works:
         w.wait()
     return state
@@ -329,7 +330,7 @@ def _generate_partial(
     inbox: Inbox,
 ) -> tuple[TrainState, list[int]]:
     """`generate` with every push that arrives between decode steps loaded at once (partial rollouts,
-    `rlcore.trainer.partial.VersionTagged`): each token's `rollout_versions` is the version that
+    `rlcore.step.partial.VersionTagged`): each token's `rollout_versions` is the version that
     sampled it. Returns the state (at the last push's step and version) and the steps of the pushes
     taken, whose validation and checkpoint wait for the batch (the trainer waits for them before its
     next push)."""
@@ -357,12 +358,13 @@ def _took(
     h: Handles,
     plan: StepPlan,
     validate: Callable[[int], dict[str, float]],
+    save: Callable[[TrainState], None],
     inbox: Inbox | None,
 ) -> TrainState:
     """After a push: validate and save where the trainer does, then listen for the next push."""
     _validate(h, plan, state.step, validate)
     if plan.schedule.save_due(state.step):
-        checkpoints.save(state, h, keep_last=plan.schedule.keep_last)
+        save(state)
     if inbox is not None and state.step < plan.schedule.steps:
         inbox.post()
     return state

@@ -25,7 +25,7 @@ from rlcore.models.forward import micro_batches, model_inputs
 from rlcore.models.layouts import adapted, layout_of
 from rlcore.models.policy import load_policy
 from rlcore.pure.masks import masked_mean, masked_sum, masked_var
-from rlcore.update import NORMS, ModelState, UpdatePlan, run_updates
+from rlcore.step.update import NORMS, ModelState, UpdatePlan, run_updates
 
 
 class ValueModel(nn.Module):
@@ -108,7 +108,7 @@ def critic_micro_loss(
     value_loss_fn: Callable[..., tuple[Tensor, dict[str, Tensor]]],
     share_prompts: bool = True,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The critic's micro-batch loss (a `rlcore.update.MicroLoss` once the keywords are bound):
+    """The critic's micro-batch loss (a `rlcore.step.update.MicroLoss` once the keywords are bound):
     `value_loss_fn(values, old_values, returns, mask, num_tokens=, num_seqs=, horizon=)` with its
     clip and aggregation bound; metrics under `critic/`."""
     values = response_values(critic, micro, share_prompts=share_prompts)  # (m, r), with grad
@@ -135,7 +135,7 @@ def critic_update(
     mesh=None,
     horizon: int,
 ) -> tuple[ModelState, dict[str, float]]:
-    """`plan.ppo_epochs` x mini-batches updates of the critic toward `returns` (`rlcore.update.run_updates`).
+    """`plan.ppo_epochs` x mini-batches updates of the critic toward `returns` (`rlcore.step.update.run_updates`).
 
     Batch fields: the sequence fields, `values` (rollout-time V, the clip anchor), `returns`.
     `value_loss_fn`: e.g. `partial(rlcore.pure.losses.value_loss, clip=0.5, agg="token-mean")`.

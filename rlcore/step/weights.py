@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from rlcore.rollout.base import RolloutEngine
-from rlcore.trainer.faults import Hooks
+from rlcore.step.faults import Hooks
 
 
 def push_weights(

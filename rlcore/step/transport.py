@@ -7,10 +7,10 @@
     metrics = transport.validation(h, plan, step)
     transport.finish(h)
 
-`Transport` (the protocol, in rlcore.trainer.handles beside the `Handles` that hold one) is what the
+`Transport` (the protocol, in rlcore.step.handles beside the `Handles` that hold one) is what the
 step needs; `Colocated` generates on the trainer's own ranks and pushes into its own engine; `SplitTrainer` receives
-batches from the rollout ranks and pushes weights to them (rlcore.trainer.split holds the other side).
-The step (`rlcore.trainer.step`) calls these and never asks which placement it runs under. A new
+batches from the rollout ranks and pushes weights to them (rlcore.step.split holds the other side).
+The step (`rlcore.step.train_step`) calls these and never asks which placement it runs under. A new
 placement is one more class with these methods, chosen in `rlcore.trainer.build`.
 """
 
@@ -26,18 +26,18 @@ from torch import Tensor, nn
 from rlcore.algorithm import Algorithm
 from rlcore.batch import Batch
 from rlcore.dist.delta import PushCopy
+from rlcore.dist.memory import gpu_free_mb
 from rlcore.plan import StepPlan
 from rlcore.state import Rollout, TrainState
-from rlcore.steps import logprob_step
-from rlcore.trainer import split
-from rlcore.trainer.collect import fill, step_seed
-from rlcore.trainer.learn import compute_precision
-from rlcore.trainer.logger import gpu_free_mb
-from rlcore.trainer.validation import validate_policy
-from rlcore.trainer.weights import push_weights
+from rlcore.step import split
+from rlcore.step.collect import fill, step_seed
+from rlcore.step.learn import compute_precision
+from rlcore.step.steps import logprob_step
+from rlcore.step.validation import validate_policy
+from rlcore.step.weights import push_weights
 
 if TYPE_CHECKING:
-    from rlcore.trainer.handles import Handles, Transport
+    from rlcore.step.handles import Handles, Transport
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,12 +12,12 @@ from rlcore.algorithm import Algorithm
 from rlcore.dist.reduce import all_reduce_int, reduce_metrics
 from rlcore.plan import StepPlan
 from rlcore.state import TrainState
-from rlcore.trainer.collect import staleness, this_rank
-from rlcore.trainer.handles import Handles
-from rlcore.trainer.learn import learn
-from rlcore.trainer.phases import phase
-from rlcore.trainer.sft import sft_batch
-from rlcore.update import update_step
+from rlcore.step.collect import staleness, this_rank
+from rlcore.step.handles import Handles
+from rlcore.step.learn import learn
+from rlcore.step.phases import phase
+from rlcore.step.sft import sft_batch
+from rlcore.step.update import update_step
 
 
 def train_step(

@@ -1,6 +1,6 @@
 """The reference of every `python train.py` flag (docs/flags.md), rendered from configs.py's dataclasses.
 
-    python -m rlcore.flag_reference > docs/flags.md
+    python -m rlcore.config.flag_reference > docs/flags.md
 
 One table per config section: each flag's type, default, help text (its field's docstring) and the
 presets that set another value. tests/test_flag_reference.py checks that the page is current.
@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 
 from configs import PRESETS, Config
 
-COMMAND = "python -m rlcore.flag_reference > docs/flags.md"
+COMMAND = "python -m rlcore.config.flag_reference > docs/flags.md"
 """The command that writes docs/flags.md."""
 INTRO = (
     "Every flag of `python train.py`, generated from the dataclasses in `configs.py`: one table per section, "

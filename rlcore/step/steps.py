@@ -7,7 +7,7 @@ and a research script can call them directly (see examples/custom_advantage.py):
     batch, m2 = score_step(scorer, batch, tokenizer=tokenizer)
     batch = logprob_step(model, batch, temperature=1.0)                    # + old_logprobs
     batch, m3 = advantage_step(batch, algorithm, kl_coef=0.0)              # + advantages, returns
-    actor, m4 = update_step(actor, batch, algorithm, plan, horizon=64)     # rlcore.update
+    actor, m4 = update_step(actor, batch, algorithm, plan, horizon=64)     # rlcore.step.update
 """
 
 from __future__ import annotations

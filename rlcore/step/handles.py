@@ -1,6 +1,6 @@
 """What a training step uses and never replaces: the run's `Handles`, built once by the shell
 (`rlcore.trainer.build`), typed so that a reader knows what each one can do; and the `Transport`
-protocol, what a training rank's step needs of its placement (implemented in rlcore.trainer.transport)."""
+protocol, what a training rank's step needs of its placement (implemented in rlcore.step.transport)."""
 
 from __future__ import annotations
 
@@ -18,17 +18,30 @@ from rlcore.dist.placement import Placement
 from rlcore.rewards.judge import Judge
 from rlcore.rewards.pool import RewardScorer
 from rlcore.rollout.base import RolloutEngine
-from rlcore.trainer.faults import Hooks
-from rlcore.trainer.logger import MetricsLogger
-from rlcore.trainer.samples import SampleWriter
-from rlcore.trainer.weights import AdapterRelay
+from rlcore.step.faults import Hooks
+from rlcore.step.weights import AdapterRelay
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from rlcore.algorithm import Algorithm
+    from rlcore.batch import Batch
     from rlcore.plan import StepPlan
     from rlcore.state import Rollout, TrainState
+
+
+class MetricsSink(Protocol):
+    """Where the loop's metrics go (the shell's metrics.jsonl, W&B and progress line)."""
+
+    def log(self, step: int, metrics: dict[str, float]) -> None: ...
+    def begin(self, step: int) -> None: ...
+    def close(self) -> None: ...
+
+
+class SampleSink(Protocol):
+    """Where a step's decoded samples go (the shell's samples.jsonl)."""
+
+    def write(self, step: int, batch: Batch, *, validation: bool = False) -> None: ...
 
 
 class Transport(Protocol):
@@ -94,16 +107,16 @@ class Handles:
     teacher_model: nn.Module | None = None
     """On-policy distillation's frozen teacher, sharded like the policy (None without --algo.teacher, and
     on a rollout rank)."""
-    logger: MetricsLogger
-    samples: SampleWriter
+    logger: MetricsSink
+    samples: SampleSink
     """Each step's first --log.samples samples as text (a writer that writes nothing off rank 0)."""
     transport: Transport
-    """How this training rank gets rollouts and pushes weights (rlcore.trainer.transport; a rollout rank
-    of split placement runs rlcore.trainer.split's loop instead)."""
+    """How this training rank gets rollouts and pushes weights (rlcore.step.transport; a rollout rank
+    of split placement runs rlcore.step.split's loop instead)."""
     model_base: dict[str, Any] = dataclasses.field(default_factory=lambda: {"lora_rank": 0})
     """What the policy's adapters are trained on (a resume must load the same base and LoRA shape)."""
     hooks: Hooks = dataclasses.field(default_factory=Hooks)
-    """Test-only faults (rlcore.trainer.faults; the shell reads them from the environment once)."""
+    """Test-only faults (rlcore.step.faults; the shell reads them from the environment once)."""
     outbox: Outbox | None = None
     """The trainer leader's weight pushes in flight (split placement; stream mode does not wait for them)."""
     relay: AdapterRelay | None = None

@@ -4,10 +4,10 @@
     table()                     # the rows as docs/troubleshooting.md prints them
 
 A `Feature` is a name and how a config asks for it (the flag as typed, or None where not asked); a `Clash`
-is two features and the reason, in one plain table, `CLASHES`. Pre-flight (`rlcore.trainer.preflight`)
+is two features and the reason, in one plain table, `CLASHES`. Pre-flight (`rlcore.config.preflight`)
 refuses the first clash whose two features a config asks for, in one line: `<flag> with <flag>: <why>`.
 What a model family lacks is its record's (`rlcore.models.families`: `Family.refusal`), checked when the
-model's config is known (`rlcore.trainer.model_checks.check_family`); what depends on sizes (a tp that does not
+model's config is known (`rlcore.config.model_checks.check_family`); what depends on sizes (a tp that does not
 divide the heads, an ep that does not divide the experts) stays with the check that knows them.
 """
 

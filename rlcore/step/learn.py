@@ -1,7 +1,7 @@
 """One step's learning: `learn(state, handles, algorithm, plan, batch) -> (state, metrics, batch)`.
 
 Old, reference and (distillation) teacher log-probs, values, KL penalty and advantages, then the critic's and the actor's
-updates (`rlcore.update.run_updates`, the one update loop), then the adaptive KL controller on the
+updates (`rlcore.step.update.run_updates`, the one update loop), then the adaptive KL controller on the
 KL of the global batch. Every number comes from the `StepPlan` (rlcore.plan), none from a config. The
 model passes run under the plan's compute dtype (`compute_precision`); the advantage math does not. The engine sleeps meanwhile (the caller's job).
 """
@@ -22,17 +22,17 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from rlcore.algorithm import Algorithm
 from rlcore.batch import Batch
-from rlcore.critic import compute_values, critic_update
+from rlcore.dist import memory
 from rlcore.dist.mesh import DistInfo
 from rlcore.dist.reduce import all_reduce
 from rlcore.plan import KLControl, StepPlan
 from rlcore.pure.kl import adaptive_kl_coef
 from rlcore.state import TrainState
-from rlcore.steps import advantage_step, logprob_gap, logprob_step
-from rlcore.trainer import memory
-from rlcore.trainer.collect import step_seed
-from rlcore.trainer.phases import phase
-from rlcore.update import SAVED_KEY, update_step
+from rlcore.step.collect import step_seed
+from rlcore.step.critic import compute_values, critic_update
+from rlcore.step.phases import phase
+from rlcore.step.steps import advantage_step, logprob_gap, logprob_step
+from rlcore.step.update import SAVED_KEY, update_step
 
 
 class Passes(Protocol):

@@ -3,10 +3,10 @@
     validate(cfg, world_size=2)      # raises ConfigError: one line naming the flag, the value and the fix
     preflight(cfg, info)             # the shell's pass: validate, then the engine and the model's shape
 
-Pairs of features that do not run together are one table (`rlcore.trainer.compatibility.CLASHES`), checked
+Pairs of features that do not run together are one table (`rlcore.config.compatibility.CLASHES`), checked
 first. Each `_check_*` looks at one part of the config; the algorithm's checks live beside its binding
 (`rlcore.trainer.algorithm.check_algorithm`), the model's and the engine's beside their building
-(`rlcore.trainer.model_checks.check_engine`, `check_mesh`; `check_context` runs once the prompts are
+(`rlcore.config.model_checks.check_engine`, `check_mesh`; `check_context` runs once the prompts are
 tokenized).
 """
 
@@ -16,15 +16,15 @@ import math
 from pathlib import Path
 
 from configs import Config, ConfigError
+from rlcore.config.algo_checks import check_algorithm, need
+from rlcore.config.compatibility import check_compatibility
 from rlcore.dist.mesh import DistInfo
-from rlcore.trainer.algorithm import check_algorithm, need
-from rlcore.trainer.compatibility import check_compatibility
 
 
 def preflight(cfg: Config, info: DistInfo) -> None:
     """The whole pass the shell runs before any weights load: the config's checks, the engine that can
     run here, and the model's shape against --trainer.tp / --trainer.sp (its config file only)."""
-    from rlcore.trainer.model_checks import (
+    from rlcore.config.model_checks import (
         check_engine,
         check_family,
         check_mesh,
@@ -171,7 +171,7 @@ def _check_split(cfg: Config, world_size: int) -> None:
 
 def _check_observability(cfg: Config) -> None:
     """--trainer.hang-timeout-s, --trainer.preempt-grace-s, --log.samples, --trainer.profile-steps."""
-    from rlcore.trainer.phases import profile_steps
+    from rlcore.step.phases import profile_steps
 
     t = cfg.trainer
     need(t.hang_timeout_s >= 0, f"--trainer.hang-timeout-s {t.hang_timeout_s}: must be >= 0 (0: no watchdog)")

@@ -20,8 +20,8 @@ import os
 from pathlib import Path
 
 from configs import Config, ConfigError
+from rlcore.dist import memory
 from rlcore.models.footprint import Setup, Shape, estimate
-from rlcore.trainer import memory
 
 GIB = 2**30
 _CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
@@ -32,8 +32,8 @@ def check_fits(cfg: Config, *, world_size: int, on_cpu: bool, prompt_tokens: int
     (a collective under torchrun: every rank calls it and decides alike)."""
     if not cfg.trainer.memory_check or not on_cpu:
         return
+    from rlcore.config.model_checks import model_shape
     from rlcore.dist.reduce import world_max
-    from rlcore.trainer.model_checks import model_shape
 
     shape = model_shape(cfg.model.path)  # a path with no readable config.json: its one line, as loading says
     if shape is None:  # a family the estimate cannot read: no estimate
@@ -86,8 +86,8 @@ def fitting(cfg: Config, shape: Shape, *, world_size: int, prompt_tokens: int, l
 
 def _allowed(cfg: Config) -> bool:
     """Whether pre-flight's feature checks let `cfg` run (`clash_of`, `check_family`)."""
-    from rlcore.trainer.compatibility import clash_of
-    from rlcore.trainer.model_checks import check_family
+    from rlcore.config.compatibility import clash_of
+    from rlcore.config.model_checks import check_family
 
     if clash_of(cfg) is not None:
         return False

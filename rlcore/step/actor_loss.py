@@ -7,7 +7,7 @@
 of `LOSS_TERMS` in order: the entropy bonus, the rollout gap (no loss: a metric), a mixture of experts'
 router terms, the KL-to-reference loss. Each term reads the pass (`MicroPass`) and returns what it adds, or
 None, and its metrics; a new term is a new row. `needed_fields` says which batch fields an update reads,
-refusing a batch that lacks one in one line naming the flag that needs it. `rlcore.update.run_updates` plugs
+refusing a batch that lacks one in one line naming the flag that needs it. `rlcore.step.update.run_updates` plugs
 the loss into the shared update loop.
 """
 
@@ -50,7 +50,7 @@ def needed_fields(model: nn.Module, batch: Batch, algorithm: Algorithm) -> tuple
         "ref_logprobs": "--algo.use-kl-loss",
         "rollout_logprobs": "--algo.tis-cap",
         "old_logprobs": "an off-policy update (Algorithm.on_policy is False)",
-        "is_weights": "Algorithm.correction_weights (rlcore.steps.correction_step with an is_level)",
+        "is_weights": "Algorithm.correction_weights (rlcore.step.steps.correction_step with an is_level)",
     }
     for key in fields:
         if key not in batch:

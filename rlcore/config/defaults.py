@@ -41,6 +41,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import torch
+
 from configs import AlgoConfig, Config, ConfigError
 from rlcore.data.sources import is_generated
 from rlcore.dist.mesh import device_type
@@ -109,6 +111,10 @@ FLAGS = {
 """The fields resolved at start-up (section.field, as config.json names them) and their flags."""
 
 KIND_NAMES: dict[Kind, str] = {"builtin": "a built-in model", "pretrained": "a pretrained model"}
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+"""--model.dtype / --model.compute-dtype names to torch dtypes."""
 
 
 def model_kind(path: str) -> Kind:
@@ -203,8 +209,8 @@ def micro_batch_tokens(cfg: Config, budget: int) -> int | None:
     """The tokens a micro-batch of the run's model may hold for its saved activations and logits to take
     `budget` bytes (`rlcore.models.footprint`); None when the model's config cannot be read (loading it
     reports why)."""
+    from rlcore.config.model_checks import model_shape
     from rlcore.models.footprint import micro_tokens_within
-    from rlcore.trainer.model_checks import model_shape
 
     try:
         shape = model_shape(cfg.model.path)

@@ -112,7 +112,7 @@ class Hooks:
         """Sleep for an hour if `stall_at` names (rank, step, phase)."""
         if self.stall_at == f"{rank}:{step}:{phase}":
             if self.stall_mute:
-                from rlcore.trainer.phases import disarm
+                from rlcore.step.phases import disarm
 
                 disarm()
             time.sleep(3600)

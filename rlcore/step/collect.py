@@ -21,11 +21,11 @@ from rlcore.dist.reduce import all_reduce_int
 from rlcore.plan import RolloutPlan, StepPlan
 from rlcore.rollout.base import SamplingParams
 from rlcore.state import Rollout, TrainState
-from rlcore.steps import concat_rollouts, filter_groups, group_signal, rollout_step, score_step
-from rlcore.trainer.phases import phase
+from rlcore.step.phases import phase
+from rlcore.step.steps import concat_rollouts, filter_groups, group_signal, rollout_step, score_step
 
 if TYPE_CHECKING:
-    from rlcore.trainer.handles import Handles
+    from rlcore.step.handles import Handles
 
 
 def step_seed(seed: int, step: int, what: str) -> int:

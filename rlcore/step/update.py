@@ -6,8 +6,8 @@
     actor, metrics = update_step(actor, batch, algorithm, plan, mesh=mesh, horizon=512, temperature=1.0)
 
 `algorithm` is a `rlcore.algorithm.Algorithm` (the policy loss and its terms as bound callables);
-`run_updates` is the one update loop, shared with the critic (`rlcore.critic.critic_update`): each
-model's update is a micro-batch loss plugged into it (the actor's: `rlcore.actor_loss`).
+`run_updates` is the one update loop, shared with the critic (`rlcore.step.critic.critic_update`): each
+model's update is a micro-batch loss plugged into it (the actor's: `rlcore.step.actor_loss`).
 
 One call runs `ppo_epochs` passes over the batch; each pass splits it into mini-batches of
 `mini_batch_size` prompts (whole groups of consecutive rows with the same `uid`; the size is global,
@@ -46,7 +46,6 @@ from torch.distributed.tensor.experimental import implicit_replication
 from torch.optim import AdamW, Optimizer
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
-from rlcore.actor_loss import NORMS, actor_micro_loss, needed_fields  # noqa: F401  (NORMS: imported from here)
 from rlcore.algorithm import Algorithm, parameters
 from rlcore.batch import Batch, group_ids
 from rlcore.dist.fsdp import model_mesh, set_gradient_sync
@@ -54,6 +53,7 @@ from rlcore.dist.reduce import all_reduce, mesh_size
 from rlcore.models.footprint import SavedBytes
 from rlcore.models.forward import aligned_micro_batches
 from rlcore.models.moe import router_tap
+from rlcore.step.actor_loss import NORMS, actor_micro_loss, needed_fields  # noqa: F401  (NORMS: imported from here)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -1,8 +1,8 @@
 """Checks of a run's models that need their configs but no weights: the engine, the mesh, the family's
 features, routing, vision, the context and a teacher's vocabulary; each refuses in one line (`ConfigError`)
-before any weights load (pre-flight, `rlcore.trainer.preflight`; `check_context` and `check_teacher` once
+before any weights load (pre-flight, `rlcore.config.preflight`; `check_context` and `check_teacher` once
 the tokenizer is loaded, `rlcore.trainer.build`). Pairs of flags that clash are the compatibility table's
-(`rlcore.trainer.compatibility`)."""
+(`rlcore.config.compatibility`)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from configs import Config, ConfigError
+from rlcore.config.algo_checks import need
 from rlcore.dist.reduce import world_max
 from rlcore.models.footprint import Shape
 from rlcore.models.policy import load_tokenizer
-from rlcore.trainer.algorithm import need
 
 
 def check_teacher(cfg: Config, tokenizer: Any) -> None:
@@ -100,7 +100,7 @@ def check_mesh(cfg: Config) -> None:
 
 
 FAMILY_FEATURES = ("exact", "vllm", "selective")
-"""Features (`rlcore.trainer.compatibility.FEATURES`) whose refusal is the family record's alone
+"""Features (`rlcore.config.compatibility.FEATURES`) whose refusal is the family record's alone
 (`rlcore.models.families`). Routing, tp and ep refuse in `check_routing` / `check_mesh`, which also check
 the model's sizes."""
 
@@ -108,7 +108,7 @@ the model's sizes."""
 def check_family(cfg: Config) -> None:
     """Refuse, before any weights load, a feature the model's family does not have (one line naming the
     flag, the family and why, with the families that have it)."""
-    from rlcore.trainer.compatibility import FEATURES
+    from rlcore.config.compatibility import FEATURES
 
     asked = {feature: FEATURES[feature].asked(cfg) for feature in FAMILY_FEATURES}
     if not any(asked.values()):

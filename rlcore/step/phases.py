@@ -6,7 +6,7 @@
         with phase("rollout"):                         # a torch.profiler range, and progress
             ...
 
-`phase(name)` records its peak resident memory (`rlcore.trainer.memory`: `perf/mem/<phase>_peak_mb`), is a
+`phase(name)` records its peak resident memory (`rlcore.dist.memory`: `perf/mem/<phase>_peak_mb`), is a
 `torch.profiler.record_function` range (so a trace from --trainer.profile-steps
 shows rollout, scoring, logprobs, update, sync, ... per step) and, when a watchdog is armed, a
 heartbeat: entering or leaving a phase is progress. The watchdog thread checks every second; when
@@ -35,7 +35,7 @@ from typing import Any, TextIO
 
 import torch
 
-from rlcore.trainer.memory import phase_peak
+from rlcore.dist.memory import phase_peak
 
 HANG_EXIT_CODE = 4
 """The exit code of a run the watchdog stopped."""

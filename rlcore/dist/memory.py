@@ -1,7 +1,7 @@
 """The process's memory on Linux: freed memory given back, each phase's peak, the allocator's slack.
 
     return_freed_memory("keep")           # once at start-up (--trainer.freed-memory)
-    with phase_peak("update"): ...        # `rlcore.trainer.phases.phase` does this for every phase; under
+    with phase_peak("update"): ...        # `rlcore.step.phases.phase` does this for every phase; under
                                           # "trim" its end gives the freed memory back (`give_back`)
     take_phase_peaks()                    # {"perf/mem/update_peak_mb": 4350.0, ...} since the last call
     allocator_slack_mb()                  # freed bytes glibc holds but has not given back
@@ -171,3 +171,10 @@ def take_phase_peaks() -> dict[str, float]:
     out = {f"perf/mem/{name}_peak_mb": kib / 1024 for name, kib in _peaks.items()}
     _peaks.clear()
     return out
+
+
+def gpu_free_mb() -> float | None:
+    """MiB free on this process's CUDA device (any allocator's memory counts as used); None without CUDA."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.mem_get_info()[0] / 2**20
