@@ -119,11 +119,11 @@ class RolloutConfig:
     memory: a push is always one update of the engine, whatever the bucketing."""
     max_turns: int = 1
     """Most model turns per sample. 1 (without --rollout.env / --rollout.tools): single-turn. > 1 alone:
-    the multi-turn agent loop (rlcore.rollout.agent) with the built-in tools (calculator, python). Tool
+    the multi-turn agent loop (rlcore.rollout.agent.loop) with the built-in tools (calculator, python). Tool
     results and observations are in the response but not trained on; max-tokens bounds the whole
     response, observations included."""
     env: str | None = None
-    """A gymnasium-API text environment, path/to/file.py:ClassName (rlcore.rollout.env): one instance per
+    """A gymnasium-API text environment, path/to/file.py:ClassName (rlcore.rollout.agent.env): one instance per
     sample, reset with the row, stepped with each model turn; the score is the sum of its step rewards
     (plus the reward function's where the data_source has one, or with --reward.custom)."""
     env_timeout_s: float = 60.0
@@ -134,7 +134,7 @@ class RolloutConfig:
     offered through the chat template and called in --rollout.tool-format (a template without a tool
     role, like the built-in models': the <tool>NAME: ARG</tool> format)."""
     tool_format: str = "hermes"
-    """How the model writes tool calls: a key of rlcore.rollout.chat.TOOL_CALL_FORMATS (hermes:
+    """How the model writes tool calls: a key of rlcore.rollout.agent.chat.TOOL_CALL_FORMATS (hermes:
     <tool_call>{"name": ..., "arguments": {...}}</tool_call>, as Qwen2.5/Qwen3 and Hermes)."""
 
     agent: str | None = None

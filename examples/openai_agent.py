@@ -11,7 +11,7 @@ reward function scores its final answer.
 
 import re
 
-from rlcore.rollout.tools import TOOLS  # calculator and python; tools of your own work the same
+from rlcore.rollout.agent.tools import TOOLS  # calculator and python; tools of your own work the same
 
 
 async def run(client, row):  # row: verl's (prompt messages, data_source, reward_model, extra_info)

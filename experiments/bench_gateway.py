@@ -6,7 +6,7 @@
 The work: 8 `builtin:calc` prompts x 4 samples, at most 64 tokens each, up to 3 model turns with the
 calculator, at temperature 1 on one native engine. The endpoint runs `examples/openai_agent.py` (the real
 `openai` client, FastAPI on uvicorn, continuous batching of the 32 episodes); the agent loop runs the same
-tools in-process (`rlcore.rollout.agent`). A and B alternate, `--repeats` pairs; each line gives generated
+tools in-process (`rlcore.rollout.agent.loop`). A and B alternate, `--repeats` pairs; each line gives generated
 (trained) tokens per second, the ratio endpoint / loop (the goal: >= 0.8), the engine calls each made,
 and the floor: the FLOPs of every token the engine fed (2 x parameters per token) over the fp32 matmul
 peak measured in the same run, with the % of it each side reached.
@@ -38,7 +38,7 @@ from rlcore.gateway.agents import AgentEngine, load_agent  # noqa: E402
 from rlcore.models import load_policy  # noqa: E402
 from rlcore.models.onednn import cpu_isa  # noqa: E402
 from rlcore.rollout import NativeEngine, SamplingParams  # noqa: E402
-from rlcore.rollout.agent import AgentEngine as AgentLoop  # noqa: E402
+from rlcore.rollout.agent.loop import AgentEngine as AgentLoop  # noqa: E402
 
 AGENT = f"{ROOT / 'examples' / 'openai_agent.py'}:run"
 

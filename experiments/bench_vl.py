@@ -49,7 +49,7 @@ from rlcore.models.forward import model_inputs, response_logprobs, vision_inputs
 from rlcore.models.policy import _builtin_vision, _vision_config, builtin_spec, load_policy, load_vision
 from rlcore.models.vision import vision_tower
 from rlcore.rollout.base import SamplingParams
-from rlcore.rollout.native import NativeEngine
+from rlcore.rollout.native.engine import NativeEngine
 
 
 def vl_40m(tokenizer):

@@ -41,7 +41,7 @@ from rlcore.data.rows import Row  # noqa: E402
 from rlcore.models.forward import compute_logprobs  # noqa: E402
 from rlcore.models.policy import load_policy  # noqa: E402
 from rlcore.rollout.base import SamplingParams  # noqa: E402
-from rlcore.rollout.native import NativeEngine  # noqa: E402
+from rlcore.rollout.native.engine import NativeEngine  # noqa: E402
 
 PROMPTS = ["reverse 1234", "reverse 98", "what is 3 + 4?", "reverse 5551", "name a colour", "reverse 7",
            "count to five", "reverse 120"]  # fmt: skip

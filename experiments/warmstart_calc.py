@@ -30,7 +30,7 @@ from rlcore.data.dataset import PromptDataset
 from rlcore.data.rows import row_from_dict
 from rlcore.models import load_policy
 from rlcore.rollout import AgentEngine, NativeEngine, SamplingParams
-from rlcore.rollout.tools import DEFAULT_FORMAT as FMT
+from rlcore.rollout.agent.tools import DEFAULT_FORMAT as FMT
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from warmstart import fit

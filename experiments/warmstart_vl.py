@@ -28,7 +28,7 @@ from rlcore.data.shapes import compute_score, generate_rows
 from rlcore.models.forward import model_inputs, response_logprobs
 from rlcore.models.policy import load_policy, load_vision
 from rlcore.rollout.base import SamplingParams
-from rlcore.rollout.native import NativeEngine
+from rlcore.rollout.native.engine import NativeEngine
 
 
 def sft_batch(prompts: Batch, answers: list[str], tokenizer) -> Batch:

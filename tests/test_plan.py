@@ -28,7 +28,7 @@ from rlcore.pure.advantages import ESTIMATORS
 from rlcore.pure.losses import POLICY_LOSSES
 from rlcore.rewards.pool import RewardScorer
 from rlcore.rollout.base import SamplingParams
-from rlcore.rollout.native import NativeEngine
+from rlcore.rollout.native.engine import NativeEngine
 from rlcore.state import TrainState
 from rlcore.step.steps import rollout_step, score_step
 from rlcore.step.faults import Hooks

@@ -52,7 +52,7 @@ def check_engine(cfg: Config, dist: Any) -> None:
     if not vllm:
         return
     from rlcore.models.policy import BUILTIN_MODELS, BUILTIN_PREFIX, builtin_spec
-    from rlcore.rollout.vllm_engine import config_head_dim, vllm_problem
+    from rlcore.rollout.vllm.engine import config_head_dim, vllm_problem
 
     path, head_dim = cfg.model.path, None  # None if unknown: loading the model reports what is wrong
     if not path.startswith(BUILTIN_PREFIX):

@@ -193,7 +193,7 @@ def _check_observability(cfg: Config) -> None:
 
 def _check_rollout(cfg: Config) -> None:
     """--rollout.*: sampling, turns, tools and the weight push's buckets."""
-    from rlcore.rollout.chat import TOOL_CALL_FORMATS
+    from rlcore.rollout.agent.chat import TOOL_CALL_FORMATS
 
     r = cfg.rollout
     need(r.n >= 1, f"--rollout.n {r.n}: must be >= 1")

@@ -1,7 +1,7 @@
 """The built-in multi-turn task `calc`: multiply two 3-digit numbers, with the calculator tool.
 
     rows = generate_rows("train", 1000, seed=0)       # verl-format rows, data_source "builtin/calc"
-    rollouts = run_agent(engine, prompts, sampling, tokenizer)   # rlcore.rollout.agent
+    rollouts = run_agent(engine, prompts, sampling, tokenizer)   # rlcore.rollout.agent.loop
     compute_score("builtin/calc", response_text, "287663")       # 1.0
 
 A prompt is the user message `347*829`; the ground truth is the product. A character-level model
@@ -26,7 +26,7 @@ from rlcore.data.tasks import draw_rows
 RESULT_OPEN, RESULT_CLOSE = (
     "<result>",
     "</result>",
-)  # as in rlcore.rollout.tools (data does not import rollout)
+)  # as in rlcore.rollout.agent.tools (data does not import rollout)
 
 NAME = "calc"
 DATA_SOURCE = f"builtin/{NAME}"

@@ -47,8 +47,8 @@ from rlcore.batch import Batch
 from rlcore.data.prompts import pad_token_id
 from rlcore.gateway.record import Call, Sample, sample, segments, to_batch
 from rlcore.rewards.custom import existing_file, import_file, split_spec
+from rlcore.rollout.agent.env import EnvSpecError
 from rlcore.rollout.base import RolloutEngine, SamplingParams, Wrapping
-from rlcore.rollout.env import EnvSpecError
 
 log = logging.getLogger(__name__)
 

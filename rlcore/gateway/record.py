@@ -16,7 +16,7 @@ samples:
     mask       1 ...            0 ...   1 ...            0 ...       (response_mask)
     logprobs   sampled ...      0 ...   sampled ...      0 ...       (rollout_logprobs)
 
-`to_batch` lays samples out as the agent loop (`rlcore.rollout.agent`) lays out its output: left-padded
+`to_batch` lays samples out as the agent loop (`rlcore.rollout.agent.loop`) lays out its output: left-padded
 prompts (`rlcore.data.prompts.left_pad`), right-padded responses with the pad id, the budget cut.
 """
 

@@ -85,8 +85,8 @@ from rlcore.gateway.translate import (
     uses_tools,
 )
 from rlcore.models.policy import context_length
+from rlcore.rollout.agent.chat import TOOL_CALL_FORMATS
 from rlcore.rollout.base import RolloutEngine, SamplingParams
-from rlcore.rollout.chat import TOOL_CALL_FORMATS
 from rlcore.serving.guard import JSON_ONLY, Guard, GuardFlags, Key, guarded, local_hosts
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ class Served:
     key: str | None = None
     """The server key; None: any bearer is a session."""
     call_format: str = "hermes"
-    """The model's tool-call format (`rlcore.rollout.chat.TOOL_CALL_FORMATS`)."""
+    """The model's tool-call format (`rlcore.rollout.agent.chat.TOOL_CALL_FORMATS`)."""
 
 
 def _served(request: Request) -> Served:

@@ -1,10 +1,10 @@
 """Translation between OpenAI bodies and token ids: rendering chat messages, SamplingParams, and the choices
 of a response built from recorded `Call`s. No I/O; the server (`rlcore.gateway.server`) calls these.
 
-Rendering goes through the tokenizer's own chat template (`rlcore.rollout.chat.ChatRenderer`), with the
+Rendering goes through the tokenizer's own chat template (`rlcore.rollout.agent.chat.ChatRenderer`), with the
 request's `tools` as schemas; a completion's text is decoded from the sampled ids (special tokens
 skipped, cut before a matched `stop` string, as OpenAI returns it), and tool calls are parsed from it
-with rlcore's parser for the model's format (`rlcore.rollout.chat.TOOL_CALL_FORMATS`). The sampled ids
+with rlcore's parser for the model's format (`rlcore.rollout.agent.chat.TOOL_CALL_FORMATS`). The sampled ids
 themselves are what the gateway records: nothing here feeds back into training.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 
 from rlcore.gateway.record import Call
 from rlcore.gateway.schema import ApiError, ChatBody, CompletionBody, Message, Sampled
+from rlcore.rollout.agent.chat import ChatRenderer, ToolCallFormat
 from rlcore.rollout.base import SamplingParams
-from rlcore.rollout.chat import ChatRenderer, ToolCallFormat
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

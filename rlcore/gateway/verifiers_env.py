@@ -48,7 +48,7 @@ from typing import Any
 
 from rlcore.gateway.agents import AGENT_FLAG, Agent
 from rlcore.rewards.custom import existing_file, import_file
-from rlcore.rollout.env import EnvSpecError
+from rlcore.rollout.agent.env import EnvSpecError
 
 PREFIX = "verifiers:"
 MODEL = "policy"

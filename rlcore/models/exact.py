@@ -119,7 +119,7 @@ EXACT_ATTENTION = "rlcore_exact"
 class KernelMode:
     """Which kernels a model runs: the default ones, or exact mode's (`make_exact` installs them). Chosen once,
     when the model is made, and passed to what lays out its inputs: the native engine, its lean step
-    (`rlcore.rollout.lean.LEAN_KERNELS`) and the forward layouts (`rlcore.models.forward.model_inputs`)."""
+    (`rlcore.rollout.native.lean.LEAN_KERNELS`) and the forward layouts (`rlcore.models.forward.model_inputs`)."""
 
     name: str
     align: int
@@ -296,7 +296,7 @@ class RotaryTable:
     time by the module's own forward (float32), so that a position's values are the same bits whatever
     else a forward holds (`cos`/`sin` take another path for the elements that end a vectorised run, and
     where those fall depends on the tensor's size). Replaces the module's forward (`make_exact`), so the
-    trainer's forward and the lean step's table (`rlcore.rollout.lean`) read the same values.
+    trainer's forward and the lean step's table (`rlcore.rollout.native.lean`) read the same values.
 
     Multimodal positions (M-RoPE: position_ids (c, b, s), one component per time, height and width) read
     each column of the table at the position of the component that owns it (`owners`)."""

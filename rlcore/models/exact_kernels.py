@@ -268,7 +268,7 @@ class ExactKernels(TorchDispatchMode):
 
 def under_kernels(module: nn.Module) -> Callable[..., Any]:
     """`module` as a function that runs it inside one `ExactKernels` (each weight packed at its first call,
-    then kept): the lean step's MoE block, for one `generate` (`rlcore.rollout.lean`), runs the trainer's
+    then kept): the lean step's MoE block, for one `generate` (`rlcore.rollout.native.lean`), runs the trainer's
     products without its model's hooks."""
     mode = ExactKernels()
 

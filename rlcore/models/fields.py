@@ -28,7 +28,7 @@ ROPE_FIELD = "rope_positions"
 
 RESPONSE_ROPE_FIELD = "response_rope_positions"
 """The response's M-RoPE positions (b, 3, t), where observations brought images into it (the agent loop,
-`rlcore.rollout.agent_images`); without it the response continues as text."""
+`rlcore.rollout.agent.images`); without it the response continues as text."""
 
 ROUTE_FIELDS = ("prompt_routes", "response_routes")
 """A mixture of experts' recorded routes (b, p, L, k) and (b, t, L, k), int16, -1 where none was

@@ -1,6 +1,6 @@
 """oneDNN's packed linear products on CPU: a weight reordered once into oneDNN's blocked layout, then
 multiplied without the per-call repacking MKL's sgemm does (which at a few dozen rows costs more than the
-product). Used by the lean decode step (`rlcore.rollout.lean.pack_weights`) and by exact mode
+product). Used by the lean decode step (`rlcore.rollout.native.lean.pack_weights`) and by exact mode
 (`rlcore.models.exact`), whose trainer and engine both multiply through it.
 
     if can_pack(w):

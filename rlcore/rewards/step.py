@@ -14,7 +14,7 @@ judge (`rlcore.rewards.judge`), `reward/judge_mean`, `reward/judge_failures` and
 The batch gains `token_scores` and `reward_extras` (the per-row extras dicts).
 The text scored is every real response token (`response_attention` where the batch has it): a
 multi-turn response is scored with its tool results, which the policy saw but is not trained on.
-An environment's episodes (`env_rewards` in the batch, `rlcore.rollout.agent`) add their summed step
+An environment's episodes (`env_rewards` in the batch, `rlcore.rollout.agent.loop`) add their summed step
 rewards; there the reward function scores only the rows whose data_source it covers
 (`RewardScorer.covers`), and an episode whose environment failed scores its `env_rewards` (the failure
 score) alone. Metrics: `reward/env_mean` besides the above. Rewards an agent returned (`given`) replace

@@ -5,15 +5,15 @@
     rollouts = engine.generate(prompts, SamplingParams(n=8, max_tokens=64))
     agent_rollouts = run_agent(engine, prompts, SamplingParams(n=8, max_tokens=96), tokenizer)
 
-The vLLM engine lives in `rlcore.rollout.vllm_engine` and is imported only when asked for (vllm is
+The vLLM engine lives in `rlcore.rollout.vllm.engine` and is imported only when asked for (vllm is
 an optional dependency).
 """
 
-from rlcore.rollout.agent import AgentEngine, observe, parse_tool_call, run_agent
+from rlcore.rollout.agent.loop import AgentEngine, observe, parse_tool_call, run_agent
+from rlcore.rollout.agent.tools import TOOLS, Tool, ToolError, ToolFormat, calculator, python_tool
 from rlcore.rollout.base import RolloutEngine, SamplingParams
-from rlcore.rollout.native import NativeEngine, stop_token_ids
+from rlcore.rollout.native.engine import NativeEngine, stop_token_ids
 from rlcore.rollout.sampling import processed_logits, processed_logprobs, sample_tokens
-from rlcore.rollout.tools import TOOLS, Tool, ToolError, ToolFormat, calculator, python_tool
 
 __all__ = [
     "TOOLS",

@@ -65,10 +65,10 @@ class VersionTagged(Wrapping):
 
 def tagged(engine: Any, version: Callable[[], int], take: Callable[[], None]) -> Any:
     """`engine` taking pushes between decode steps, its tokens tagged (`VersionTagged`). The agent loop
-    (`rlcore.rollout.agent.AgentEngine`) keeps its loop and gets a tagged inner engine: every turn's
+    (`rlcore.rollout.agent.loop.AgentEngine`) keeps its loop and gets a tagged inner engine: every turn's
     tokens carry their versions into the episode, and the episodes in flight (their environments, their
     contexts) are left as they are by a push, their later turns sampled with the new weights."""
-    from rlcore.rollout.agent import AgentEngine
+    from rlcore.rollout.agent.loop import AgentEngine
 
     if isinstance(engine, AgentEngine):
         return dataclasses.replace(engine, inner=VersionTagged(engine.inner, version, take))

@@ -56,7 +56,7 @@ AGENT_METRICS: dict[str, tuple[str, str]] = {
     "agent_split": ("agent/splits", "sum"),
     "agent_metrics": ("agent", "keys"),
 }
-"""Per-sample fields of the agent loop (`rlcore.rollout.agent`) and of openai-client agents
+"""Per-sample fields of the agent loop (`rlcore.rollout.agent.loop`) and of openai-client agents
 (`rlcore.gateway.agents`) -> (metric, mean over samples, count, or "keys": per-row dicts, each key's mean)."""
 
 

@@ -76,7 +76,7 @@ class AdapterRelay:
 
     def load(self, engine: RolloutEngine, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """One push: the adapter tensors into the copy, then one update of `engine` from it."""
-        from rlcore.rollout.native import load_named
+        from rlcore.rollout.native.engine import load_named
 
         load_named(self.model, named_tensors)
         push_weights(self.model, engine, bucket_bytes=self.bucket_bytes)
@@ -91,7 +91,7 @@ def engine_holds(model: nn.Module, engine: RolloutEngine) -> bool | None:
     if own is None:
         return None
     from rlcore.dist.stream import iter_full_state
-    from rlcore.rollout.native import canonical_name
+    from rlcore.rollout.native.engine import canonical_name
 
     mine = own.state_dict()
     same = True

@@ -9,9 +9,9 @@ from typing import Any
 
 from configs import Config
 from rlcore.gateway import agents as gateway_agents
-from rlcore.rollout.agent import AgentEngine, EnvOptions
-from rlcore.rollout.chat import ChatTools, load_tools, renders_roles
-from rlcore.rollout.env import load_env
+from rlcore.rollout.agent.chat import ChatTools, load_tools, renders_roles
+from rlcore.rollout.agent.env import load_env
+from rlcore.rollout.agent.loop import AgentEngine, EnvOptions
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,7 +31,7 @@ from rlcore.plan import StepPlan
 from rlcore.rewards.custom import RewardSpecError
 from rlcore.rewards.dispatch import find_reward
 from rlcore.rewards.pool import RewardScorer
-from rlcore.rollout.env import EnvSpecError
+from rlcore.rollout.agent.env import EnvSpecError
 from rlcore.state import TrainState
 from rlcore.step.faults import Hooks
 from rlcore.step.handles import Handles, Outbox

@@ -97,7 +97,7 @@ def build_judge(cfg: Config, parts: JudgeParts, dist: Any) -> Judge:
 
 def _native(cfg: Config, tokenizer: Any, dist: Any) -> Any:
     from rlcore.models.policy import load_model
-    from rlcore.rollout.native import NativeEngine
+    from rlcore.rollout.native.engine import NativeEngine
 
     try:
         model = load_model(cfg.reward.judge, dtype=DTYPES[cfg.model.dtype], seed=cfg.trainer.seed)
@@ -109,7 +109,7 @@ def _native(cfg: Config, tokenizer: Any, dist: Any) -> Any:
 
 def _vllm(cfg: Config) -> Any:
     from rlcore.models.hub import model_directory
-    from rlcore.rollout.vllm_engine import VLLMEngine
+    from rlcore.rollout.vllm.engine import VLLMEngine
 
     path = cfg.reward.judge
     try:

@@ -196,7 +196,7 @@ def build_engine(cfg: Config, model: Any, tokenizer: Any, dist: Any) -> Any:
         engine = _vllm_engine(cfg, model, tokenizer)
     else:
         from rlcore.dist.fsdp import model_mesh
-        from rlcore.rollout.native import NativeEngine
+        from rlcore.rollout.native.engine import NativeEngine
 
         if model_mesh(model) is not None:
             model = build_engine_copy(cfg, dist)
@@ -225,7 +225,7 @@ def _vllm_engine(cfg: Config, model: Any, tokenizer: Any) -> Any:
     from rlcore.dist.stream import save_hf_pretrained
     from rlcore.models.lora import base_state, is_lora
     from rlcore.models.policy import BUILTIN_PREFIX
-    from rlcore.rollout.vllm_engine import VLLMEngine  # vllm itself is imported by the constructor
+    from rlcore.rollout.vllm.engine import VLLMEngine  # vllm itself is imported by the constructor
 
     path, temporary = cfg.model.path, None
     if not path.startswith(BUILTIN_PREFIX):

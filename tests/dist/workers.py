@@ -254,7 +254,7 @@ def weights_worker(rank: int, directory: Path) -> None:
     """Rank 1 (a trainer) broadcasts a push of its model; rank 0's native engine copy loads it in one call."""
     from rlcore.dist.stream import WeightPush
     from rlcore.dist.transfer import broadcast_weights, receive_weights
-    from rlcore.rollout.native import NativeEngine
+    from rlcore.rollout.native.engine import NativeEngine
 
     if rank == 1:
         model, _ = load_policy("builtin:tiny", seed=1)
@@ -411,7 +411,7 @@ def vision_rollout() -> Batch:
     from rlcore.data.shapes import generate_rows
     from rlcore.models.policy import load_vision
     from rlcore.rollout.base import SamplingParams
-    from rlcore.rollout.native import NativeEngine
+    from rlcore.rollout.native.engine import NativeEngine
     from tests.dist.rollouts import with_logprobs
 
     model, tokenizer = load_policy("builtin:tiny-vl")

@@ -16,8 +16,8 @@ from rlcore.gateway import Gateway, sample, segments, splits, to_batch
 from rlcore.models import load_policy
 from rlcore.pure.logprobs import token_logprobs
 from rlcore.rollout import NativeEngine, SamplingParams
+from rlcore.rollout.agent.chat import ChatRenderer
 from rlcore.rollout.base import RolloutEngine, Wrapping
-from rlcore.rollout.chat import ChatRenderer
 from tests.rollout.fakes import ScriptedLMCache, turn_script
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny ops, shared cores

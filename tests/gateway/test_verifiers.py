@@ -101,7 +101,7 @@ def test_a_bad_verifiers_spec_exits_2_in_one_line(spec, message, tmp_path):
 
 def test_without_verifiers_installed_the_spec_names_the_extra(monkeypatch):
     from rlcore.gateway.agents import load_agent
-    from rlcore.rollout.env import EnvSpecError
+    from rlcore.rollout.agent.env import EnvSpecError
 
     real = importlib.util.find_spec
 

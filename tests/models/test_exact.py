@@ -160,9 +160,9 @@ def _break_products(monkeypatch) -> None:
 
 
 def _break_layout(monkeypatch) -> None:
-    import rlcore.rollout.native
+    import rlcore.rollout.native.engine
 
-    monkeypatch.setattr(rlcore.rollout.native, "align_prompts", lambda batch, align: batch)  # blocks fall elsewhere
+    monkeypatch.setattr(rlcore.rollout.native.engine, "align_prompts", lambda batch, align: batch)  # blocks fall elsewhere
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from rlcore.models.exact import BLOCK, DEFAULT_MODE, EXACT_ATTENTION, EXACT_MODE
 from rlcore.models.forward import model_inputs
 from rlcore.models.lora import apply_lora
 from rlcore.rollout import NativeEngine, SamplingParams
-from rlcore.rollout.lean import DEFAULT, EXACT, lean_decoder
+from rlcore.rollout.native.lean import DEFAULT, EXACT, lean_decoder
 from tests.models.test_exact import exact_or_refused
 from tests.models.test_moe import prompts_of
 

@@ -11,7 +11,7 @@ from configs import Config, ModelConfig
 from rlcore.dist.mesh import DistInfo
 from rlcore.models import load_policy
 from rlcore.models.lora import apply_lora
-from rlcore.rollout.native import NativeEngine
+from rlcore.rollout.native.engine import NativeEngine
 from rlcore.step.weights import engine_holds, push_weights
 from rlcore.trainer.models import build_engine
 

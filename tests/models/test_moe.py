@@ -28,7 +28,7 @@ from rlcore.models.moe import own_routes, router_tap, routers
 from rlcore.models.policy import load_policy
 from rlcore.pure.routing import route_agreement
 from rlcore.rollout.base import SamplingParams
-from rlcore.rollout.native import NativeEngine
+from rlcore.rollout.native.engine import NativeEngine
 
 SIZES = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              head_dim=8, max_position_embeddings=128, num_experts_per_tok=2)  # fmt: skip
@@ -254,7 +254,7 @@ def test_lora_on_a_mixture_of_experts_merges_into_a_plain_copy(targets):
     expert); every adapted tensor merges into the engine's plain copy, which then computes what the
     adapted model computes; its expert adapters get gradients. A target list may name one expert tensor."""
     from rlcore.models.lora import apply_lora, merged_state
-    from rlcore.rollout.native import load_named
+    from rlcore.rollout.native.engine import load_named
 
     model, _ = load_policy("builtin:tiny-moe")
     plain, _ = load_policy("builtin:tiny-moe")

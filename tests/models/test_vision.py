@@ -21,7 +21,7 @@ from rlcore.dist.transfer import rows_from_json, rows_to_json
 from rlcore.models.forward import compute_logprobs
 from rlcore.models.vision import placeholder_ids
 from rlcore.rollout.base import SamplingParams
-from rlcore.rollout.native import NativeEngine
+from rlcore.rollout.native.engine import NativeEngine
 from rlcore.state import Rollout, rollouts_from_tensors, rollouts_to_tensors
 from rlcore.step.steps import concat_rollouts
 from tests.models.vl_models import model, png, tokenizer, vision
@@ -247,7 +247,7 @@ def test_multi_turn_observations_with_images_are_scored_as_the_engine_sampled():
     """An environment's observation carries an image (a message with an image part): the next turn's
     context and the trainer's forward see it, at its M-RoPE positions inside the response."""
     from rlcore.models.policy import load_policy, load_vision
-    from rlcore.rollout.agent import EnvOptions, run_agent
+    from rlcore.rollout.agent.loop import EnvOptions, run_agent
     from tests.models.vl_env import SecondImage
 
     m, tok = load_policy("builtin:tiny-vl")

@@ -23,7 +23,7 @@ from rlcore.rewards.judge import (
 from rlcore.rewards.pool import RewardScorer
 from rlcore.rewards.step import score_step
 from rlcore.rollout.base import SamplingParams
-from rlcore.rollout.native import NativeEngine
+from rlcore.rollout.native.engine import NativeEngine
 
 
 @pytest.mark.parametrize(

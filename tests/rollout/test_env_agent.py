@@ -15,8 +15,8 @@ from rlcore.models.forward import compute_logprobs
 from rlcore.rewards.pool import RewardScorer
 from rlcore.rewards.step import score_step
 from rlcore.rollout import NativeEngine, SamplingParams, run_agent
-from rlcore.rollout.agent import EnvOptions
-from rlcore.rollout.chat import load_tools, parse_hermes
+from rlcore.rollout.agent.chat import load_tools, parse_hermes
+from rlcore.rollout.agent.loop import EnvOptions
 from tests.rollout.chatml import THINK_TEMPLATE, build_chatml_tokenizer
 from tests.rollout.fakes import BiasedLM, ScriptedLMCache, pieces
 
@@ -428,7 +428,7 @@ def test_partial_rollouts_keep_episodes_and_tag_each_turns_tokens(tok):
     flight alone (each env reset once, its secret and the misses so far kept: the same episodes, hints
     and rewards as without pushes), and every model token carries the version it was sampled with,
     rising along the episode across turns."""
-    from rlcore.rollout.agent import AgentEngine
+    from rlcore.rollout.agent.loop import AgentEngine
     from rlcore.step.partial import tagged
 
     class GymRowGuess(Guess, gymnasium.Env):  # a gymnasium env: its state is the secret and the misses

@@ -1,4 +1,4 @@
-"""The lean decode step (rlcore.rollout.lean) against the Hugging Face forward, per architecture."""
+"""The lean decode step (rlcore.rollout.native.lean) against the Hugging Face forward, per architecture."""
 
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ from rlcore.batch import Batch
 from rlcore.models import load_policy
 from rlcore.models.lora import apply_lora
 from rlcore.rollout import NativeEngine, SamplingParams
-from rlcore.rollout.lean import _product, can_pack, lean_decoder, row_bucket, unsupported
-from rlcore.rollout.lean_moe import PackedExperts
-from rlcore.rollout.native import PreallocatedLayer
+from rlcore.rollout.native.engine import PreallocatedLayer
+from rlcore.rollout.native.lean import _product, can_pack, lean_decoder, row_bucket, unsupported
+from rlcore.rollout.native.lean_moe import PackedExperts
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny ops, shared cores
 

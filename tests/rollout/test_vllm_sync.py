@@ -20,7 +20,7 @@ from rlcore.dist.stream import WeightPush, iter_full_state
 from rlcore.models import build_char_tokenizer, builtin_config
 from rlcore.pure import token_logprobs
 from rlcore.rollout.base import SamplingParams
-from rlcore.rollout.vllm_engine import logprob_gap
+from rlcore.rollout.vllm.engine import logprob_gap
 from rlcore.step.faults import Hooks
 from rlcore.step.weights import push_weights
 from rlcore.trainer.health import gap_warning
@@ -59,7 +59,7 @@ def policy(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, o
 @pytest.fixture(scope="module")
 def engine(policy):
     require_vllm()
-    from rlcore.rollout.vllm_engine import VLLMEngine
+    from rlcore.rollout.vllm.engine import VLLMEngine
 
     engine = VLLMEngine(policy[2], dtype="float32", seed=0)
     yield engine
@@ -141,7 +141,7 @@ def test_prefix_cache_and_repack_run_once_per_push(engine, policy, restore, monk
         return reset(**kwargs)
 
     monkeypatch.setattr(engine.llm, "reset_prefix_cache", counting_reset)
-    from rlcore.rollout import vllm_engine
+    from rlcore.rollout.vllm import engine as vllm_engine
 
     repacked: list[int] = []
     real = vllm_engine._repack_stale_cpu_weights

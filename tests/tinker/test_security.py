@@ -311,7 +311,7 @@ def test_sampling_stops_between_decode_steps_past_the_deadline():
     from rlcore.data.prompts import pad_token_id
     from rlcore.models.policy import load_policy
     from rlcore.rollout.base import SamplingParams
-    from rlcore.rollout.native import NativeEngine
+    from rlcore.rollout.native.engine import NativeEngine
     from rlcore.tinker.errors import UserError
     from rlcore.tinker.limits import Deadline
     from rlcore.tinker.sampling import SampleOp, run_samples

@@ -59,7 +59,7 @@ class Family:
     name: str
     """Its name in messages and docs."""
     lean: bool = False
-    """The lean decode step (`rlcore.rollout.lean`) reproduces its decoder layers."""
+    """The lean decode step (`rlcore.rollout.native.lean`) reproduces its decoder layers."""
     tp_plan: LayerPlan | None = None
     """How `--trainer.tp` splits a decoder layer (`rlcore.dist.tp_plans`); None: no plan."""
     moe: MoESpec | None = None

@@ -1,4 +1,4 @@
-"""The weights the lean decode step (`rlcore.rollout.lean`) reads: a decoder layer's tensors, read off the
+"""The weights the lean decode step (`rlcore.rollout.native.lean`) reads: a decoder layer's tensors, read off the
 module, and laid out as the step's kernels take them.
 
     layer = layer_tensors(module)                 # `Layer`: the module's own tensors, LoRA factors, MoE block
@@ -22,8 +22,16 @@ from torch import Tensor
 
 from rlcore.models import exact
 from rlcore.models.onednn import pack
-from rlcore.rollout.lean_cover import LAYER_FIELDS, PROJECTIONS, Layer, get, is_lora, lora_of, sparse_block
-from rlcore.rollout.lean_moe import as_layer_slot
+from rlcore.rollout.native.lean_cover import (
+    LAYER_FIELDS,
+    PROJECTIONS,
+    Layer,
+    get,
+    is_lora,
+    lora_of,
+    sparse_block,
+)
+from rlcore.rollout.native.lean_moe import as_layer_slot
 
 
 def layer_tensors(module: torch.nn.Module) -> Layer:
@@ -47,8 +55,8 @@ _PACKED_FIELDS = frozenset(i for i, f in enumerate(LAYER_FIELDS) if f.endswith("
 
 def pack_weights(layers: tuple[Layer, ...], head: Tensor) -> tuple[tuple[Layer, ...], Tensor]:
     """Copies of the projection weights and the head in oneDNN's layout for `linear_product`
-    (`rlcore.rollout.lean_kernels`; norms and LoRA factors stay as they are; a MoE layer's experts are
-    packed per expert, `rlcore.rollout.lean_moe`). Without adapters on them, q, k and v become one weight
+    (`rlcore.rollout.native.lean_kernels`; norms and LoRA factors stay as they are; a MoE layer's experts are
+    packed per expert, `rlcore.rollout.native.lean_moe`). Without adapters on them, q, k and v become one weight
     in q's place, and gate and up one in gate's (k, v and up None): 4 products per layer instead of 7,
     on the same input."""
     packed = tuple(

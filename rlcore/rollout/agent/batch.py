@@ -1,4 +1,4 @@
-"""The output batch of an agent rollout (`rlcore.rollout.agent`), assembled once all samples have ended.
+"""The output batch of an agent rollout (`rlcore.rollout.agent.loop`), assembled once all samples have ended.
 
     batch = assemble(rows, trajectories, prompt_ids, pad, setup)
 
@@ -20,8 +20,8 @@ from torch import Tensor
 
 from rlcore.batch import Batch
 from rlcore.data.prompts import left_pad, right_pad
-from rlcore.rollout.agent_images import assembled_fields, expanded, template_messages
-from rlcore.rollout.agent_state import Setup, Trajectory
+from rlcore.rollout.agent.images import assembled_fields, expanded, template_messages
+from rlcore.rollout.agent.state import Setup, Trajectory
 
 
 def assemble(

@@ -13,7 +13,7 @@ How it decodes (see `rlcore.rollout.base` for the fields it returns):
   place instead of concatenated each step) when every layer is full attention; other models get
   `DynamicCache(config=...)`;
 - for the Llama family (Llama, Qwen2, Qwen3, Mistral) the decode steps after the HF prefill are
-  `rlcore.rollout.lean`'s plain-torch step over the module's own weights (one preallocated KV tensor,
+  `rlcore.rollout.native.lean`'s plain-torch step over the module's own weights (one preallocated KV tensor,
   rotary table and padding bias built once; logits equal the HF forward's to fp32 rounding);
   `lean=False` keeps the HF step;
 - a finished row (a stop token, a stop string, or `max_tokens`) stops costing compute: once more than
@@ -44,9 +44,9 @@ update"); for other models it compiles the HF module. For GPUs: `kv_cache="stati
 compile_mode="reduce-overhead"` then runs it through `torch.compile` with CUDA graphs; neither has been run on
 a GPU. On CPU the static cache gives the same outputs (tested).
 
-Its parts live beside it: the caches and the Hugging Face step's state in `rlcore.rollout.kv_cache`, the
-output rows and stop conditions in `rlcore.rollout.responses`, what a prefill is fed in
-`rlcore.rollout.prefill_inputs`, recorded routes in `rlcore.rollout.route_log`, and named weight loading
+Its parts live beside it: the caches and the Hugging Face step's state in `rlcore.rollout.native.kv_cache`, the
+output rows and stop conditions in `rlcore.rollout.native.responses`, what a prefill is fed in
+`rlcore.rollout.native.prefill_inputs`, recorded routes in `rlcore.rollout.native.route_log`, and named weight loading
 in `rlcore.rollout.weight_names`.
 """
 
@@ -70,12 +70,12 @@ from rlcore.models.forward import require_vision, takes_images
 from rlcore.models.moe import RouterTap, router_tap
 from rlcore.models.vision import Images, feeding, placeholder_ids, suppress
 from rlcore.rollout.base import SamplingParams
-from rlcore.rollout.kv_cache import HFState, PreallocatedLayer, new_cache
-from rlcore.rollout.lean import LeanDecoder, lean_decoder
-from rlcore.rollout.lean_cover import full_attention_only
-from rlcore.rollout.prefill_inputs import forward_keywords, positions, restart_context, vision_prefill
-from rlcore.rollout.responses import Responses, stop_token_ids
-from rlcore.rollout.route_log import RouteLog
+from rlcore.rollout.native.kv_cache import HFState, PreallocatedLayer, new_cache
+from rlcore.rollout.native.lean import LeanDecoder, lean_decoder
+from rlcore.rollout.native.lean_cover import full_attention_only
+from rlcore.rollout.native.prefill_inputs import forward_keywords, positions, restart_context, vision_prefill
+from rlcore.rollout.native.responses import Responses, stop_token_ids
+from rlcore.rollout.native.route_log import RouteLog
 from rlcore.rollout.sampling import check_sampling, sample_tokens
 from rlcore.rollout.weight_names import canonical_name, load_named
 
@@ -106,7 +106,7 @@ class NativeEngine:
         graphs: no prefill sharing, finished rows stay in the batch).
         `compact_fraction`: drop finished rows from the batch once they are this share of it (0: at once).
         `offload_on_sleep`: move the weights to CPU in `sleep` (only for an engine owning its copy).
-        `lean`: decode with `rlcore.rollout.lean` where it covers the model (Llama family, "auto" cache);
+        `lean`: decode with `rlcore.rollout.native.lean` where it covers the model (Llama family, "auto" cache);
         `compile` then compiles the lean step, else the Hugging Face module.
         `record_routes`: a mixture of experts' batches carry the experts each token was routed to,
         `prompt_routes` (b*n, p, L, k) and `response_routes` (b*n, t, L, k) int16, -1 where no token

@@ -29,7 +29,7 @@ step is the same arithmetic with nothing around it:
   (bf16 for bf16 weights) with another summation order: logits within 1e-5 of the Hugging Face
   forward's as before.
 
-Covered: `rlcore.rollout.lean_cover` (`unsupported` says why not; `lean_decoder` then returns None and
+Covered: `rlcore.rollout.native.lean_cover` (`unsupported` says why not; `lean_decoder` then returns None and
 the engine keeps the Hugging Face step). The logits equal the Hugging Face forward's to float32
 rounding (tests/test_lean_decode.py: <= 1e-5 at every step).
 
@@ -40,13 +40,13 @@ so its logits are the trainer's bit for bit (`LeanShape.kernels`: `EXACT`).
 
 A mixture of experts' MoE layers call their router module (its hooks fire as in the Hugging Face step, so
 recorded routes work unchanged), then, packed, run each hit expert's two products on oneDNN-packed copies
-(`rlcore.rollout.lean_moe`); a block it does not cover (a shared expert, adapters on the experts) and the
+(`rlcore.rollout.native.lean_moe`); a block it does not cover (a shared expert, adapters on the experts) and the
 unpacked step run the block's own forward on the step's rows. Measured: experiments/README.md, "The MoE
 decode step".
 
-The step's arithmetic (`DEFAULT`, `EXACT`, `LeanShape`) lives in `rlcore.rollout.lean_kernels`, and how the
+The step's arithmetic (`DEFAULT`, `EXACT`, `LeanShape`) lives in `rlcore.rollout.native.lean_kernels`, and how the
 module's tensors are read and laid out for it (`pack_weights`, exact mode's fusing) in
-`rlcore.rollout.lean_weights`; the names callers use are re-exported here.
+`rlcore.rollout.native.lean_weights`; the names callers use are re-exported here.
 """
 
 from __future__ import annotations
@@ -61,11 +61,18 @@ from torch import Tensor
 
 from rlcore.models import exact
 from rlcore.models.onednn import can_pack
-from rlcore.rollout.lean_cover import LAYER_FIELDS, Layer, sparse_block, unsupported
-from rlcore.rollout.lean_kernels import DEFAULT, EXACT, LEAN_KERNELS, LeanKernels, LeanShape, row_bucket
-from rlcore.rollout.lean_kernels import linear_product as _product
-from rlcore.rollout.lean_moe import PackedExperts, experts_mlp
-from rlcore.rollout.lean_weights import layer_tensors, pack_weights
+from rlcore.rollout.native.lean_cover import LAYER_FIELDS, Layer, sparse_block, unsupported
+from rlcore.rollout.native.lean_kernels import (
+    DEFAULT,
+    EXACT,
+    LEAN_KERNELS,
+    LeanKernels,
+    LeanShape,
+    row_bucket,
+)
+from rlcore.rollout.native.lean_kernels import linear_product as _product
+from rlcore.rollout.native.lean_moe import PackedExperts, experts_mlp
+from rlcore.rollout.native.lean_weights import layer_tensors, pack_weights
 
 __all__ = [
     "DEFAULT",

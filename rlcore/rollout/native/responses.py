@@ -1,4 +1,4 @@
-"""The native engine's output rows during one decode (`rlcore.rollout.native`): the tokens and log-probs
+"""The native engine's output rows during one decode (`rlcore.rollout.native.engine`): the tokens and log-probs
 sampled so far, and when each row finishes.
 
     out = Responses(rows, max_tokens, pad_id, device, tokenizer, model, sampling)

@@ -4,7 +4,7 @@ of a request, and the response fields of vLLM's completions.
     params = vllm.SamplingParams(**vllm_sampling_fields(sampling), seed=seed)
     fields = response_fields(samples, greedy, pad_token_id)   # responses, masks, log-probs, finish reasons
 
-The vLLM engine (`rlcore.rollout.vllm_engine`) sends every request through `vllm_sampling_fields` and
+The vLLM engine (`rlcore.rollout.vllm.engine`) sends every request through `vllm_sampling_fields` and
 turns what comes back into the batch fields every engine returns with `response_fields`. Greedy requests
 ask for no log-probs (their `rollout_logprobs` are 0) and drop the filters that do nothing at temperature
 0; text is detokenized only when stop strings need it. `Sample` holds one sample of a generate driven one

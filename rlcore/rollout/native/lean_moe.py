@@ -5,7 +5,7 @@
 
 Why: at a few rows per decode step each expert gets a handful of tokens, and its two products read the
 whole expert through MKL, which repacks the weight at every call (transformers' `grouped_mm` on CPU runs
-one such product per expert). Packed once per `generate` into oneDNN's layout, as `rlcore.rollout.lean`
+one such product per expert). Packed once per `generate` into oneDNN's layout, as `rlcore.rollout.native.lean`
 packs the dense projections, the same products skip that repacking. The router is the model's own module,
 called as the block calls it, so its hooks (`rlcore.models.moe`: route recording) fire unchanged.
 

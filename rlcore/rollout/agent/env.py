@@ -7,7 +7,7 @@
         def step(self, action):                     # the model's turn, as text
             return "higher", 0.0, False, False, {}  # (observation, reward, terminated, truncated, info)
 
-The agent loop (`rlcore.rollout.agent`) builds one instance per sample with no arguments, resets it
+The agent loop (`rlcore.rollout.agent.loop`) builds one instance per sample with no arguments, resets it
 with the sample's row and a seed shared by the samples of one prompt (so a group plays the same
 instance of the task), and steps it with the text of each model turn. An observation is a string
 (the next user message) or a chat message dict / list of message dicts (e.g. `{"role": "tool", ...}`);

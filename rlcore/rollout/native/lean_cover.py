@@ -1,4 +1,4 @@
-"""Which models the lean decode step (`rlcore.rollout.lean`) reproduces, and the layout of a layer's tensors.
+"""Which models the lean decode step (`rlcore.rollout.native.lean`) reproduces, and the layout of a layer's tensors.
 
     why = unsupported(model)              # None when the lean step computes what the modules do
 

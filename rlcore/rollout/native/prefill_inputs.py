@@ -1,4 +1,4 @@
-"""What the native engine's prefills are fed (`rlcore.rollout.native`): positions, a vision-language
+"""What the native engine's prefills are fed (`rlcore.rollout.native.engine`): positions, a vision-language
 batch's images and M-RoPE positions, the context of a restart, and the forward's argument names.
 
     pos = positions(prompts, device)                                   # (b, p)

@@ -1,4 +1,4 @@
-"""Images in the agent loop (`rlcore.rollout.agent`) of a vision-language policy.
+"""Images in the agent loop (`rlcore.rollout.agent.loop`) of a vision-language policy.
 
 A sample's images are the vision inputs of its placeholder runs in order: the prompt row's
 (`multi_modal_inputs`, shared with the other samples of the prompt) and then each observation's that
@@ -21,7 +21,7 @@ from rlcore.data.images import decode_image
 from rlcore.data.prompts import left_pad
 from rlcore.data.rows import DataError
 from rlcore.data.vision import VisionProcessor, padded_rope_positions, rope_positions
-from rlcore.rollout.env import EnvOutputError, Message
+from rlcore.rollout.agent.env import EnvOutputError, Message
 
 Inputs = dict[str, Tensor]
 """One group of images' vision inputs: `pixel_values` (patches, d), `image_grid_thw` (images, 3)."""

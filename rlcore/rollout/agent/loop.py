@@ -13,14 +13,14 @@ turn, every unfinished sample's context (prompt + its response so far, as token 
 - the turn's sampled token ids are appended as they are (never decoded and re-encoded), with
   `response_mask = 1` and their `rollout_logprobs`;
 - tool calls. With `chat_tools` and a chat template that has a tool role: calls in `call_format`
-  (`rlcore.rollout.chat.TOOL_CALL_FORMATS`, Hermes `<tool_call>{json}</tool_call>` by default; several
+  (`rlcore.rollout.agent.chat.TOOL_CALL_FORMATS`, Hermes `<tool_call>{json}</tool_call>` by default; several
   per turn allowed), each answered by a `tool` message; the prompts must be rendered with the tools'
   schemas (`PromptDataset(tools=...)`). Otherwise (the built-in tools, or `chat_tools` with a template
-  without a tool role) `<tool>NAME: ARGUMENT</tool>` (`rlcore.rollout.tools`; `</tool>` is added to the
+  without a tool role) `<tool>NAME: ARGUMENT</tool>` (`rlcore.rollout.agent.tools`; `</tool>` is added to the
   stop strings), answered by `<result>OBSERVATION</result>`. A malformed call, an unknown tool or a
   tool that raises is an `error: MESSAGE` answer; a tool call in turn `max_turns` ends the sample
   unanswered (finish_reason "max_turns");
-- environment (`env`, `rlcore.rollout.env`): one instance per sample, built with no arguments, reset
+- environment (`env`, `rlcore.rollout.agent.env`): one instance per sample, built with no arguments, reset
   before the first turn with the row (`options["row"]`) and a seed shared by the samples of a prompt.
   Its first observation, when not empty, follows the row's prompt as the next user message (the
   prompt tensors of the output include it). A turn without tool calls is its action: `step(text)`
@@ -31,7 +31,7 @@ turn, every unfinished sample's context (prompt + its response so far, as token 
   touched again; the other samples go on. Steps and tool calls of a turn run concurrently;
 - without tools or an env, a turn's end is the answer: finish_reason "stop";
 - observations get `response_mask = 0`, `response_attention = 1` and log-prob 0. With a chat template
-  they are the new messages rendered by it (`rlcore.rollout.chat.ChatRenderer.observation_ids`: only
+  they are the new messages rendered by it (`rlcore.rollout.agent.chat.ChatRenderer.observation_ids`: only
   the new messages, after what the model already sampled of its end-of-turn); without, their text;
 - the whole response (model tokens and observations) holds at most `sampling.max_tokens` tokens;
   reaching it ends the sample with finish_reason "length" (an observation is cut to fit).
@@ -46,7 +46,7 @@ every turn is generated from the exact token context a teacher-forced pass over 
 with prefix caching (vLLM) reuses it.
 
 The loop is here; its parts live beside it: the run's settings and each sample's state
-(`rlcore.rollout.agent_state`), the environments' reset, faults and close (`agent_envs`), the reactions
+(`rlcore.rollout.agent.state`), the environments' reset, faults and close (`agent_envs`), the reactions
 to a turn (`agent_turns`, with the `<tool>` format's `parse_tool_call` and `observe`), the output batch
 (`agent_batch`) and a vision-language policy's images (`agent_images`).
 """
@@ -60,14 +60,14 @@ from typing import Any
 from rlcore.batch import Batch
 from rlcore.data.prompts import left_pad, pad_token_id
 from rlcore.data.vision import VisionProcessor
-from rlcore.rollout.agent_batch import assemble
-from rlcore.rollout.agent_envs import close_envs, reset_all
-from rlcore.rollout.agent_images import context_fields
-from rlcore.rollout.agent_state import TURN_SEED_STRIDE, EnvOptions, Setup, Trajectory, start_trajectories
-from rlcore.rollout.agent_turns import observe, parse_tool_call, react_all
+from rlcore.rollout.agent.batch import assemble
+from rlcore.rollout.agent.chat import TOOL_CALL_FORMATS, ChatRenderer, ChatTools, renders_roles
+from rlcore.rollout.agent.envs import close_envs, reset_all
+from rlcore.rollout.agent.images import context_fields
+from rlcore.rollout.agent.state import TURN_SEED_STRIDE, EnvOptions, Setup, Trajectory, start_trajectories
+from rlcore.rollout.agent.tools import DEFAULT_FORMAT, TOOLS, Tool, ToolFormat
+from rlcore.rollout.agent.turns import observe, parse_tool_call, react_all
 from rlcore.rollout.base import RolloutEngine, SamplingParams, Wrapping
-from rlcore.rollout.chat import TOOL_CALL_FORMATS, ChatRenderer, ChatTools, renders_roles
-from rlcore.rollout.tools import DEFAULT_FORMAT, TOOLS, Tool, ToolFormat
 
 __all__ = ["AgentEngine", "EnvOptions", "observe", "parse_tool_call", "run_agent"]
 
@@ -89,7 +89,7 @@ def run_agent(
     vision: VisionProcessor | None = None,
 ) -> Batch:
     """Roll out `sampling.n` multi-turn samples per prompt row (see the module docstring); `vision`: a
-    vision-language policy's image processing (`rlcore.rollout.agent_images`)."""
+    vision-language policy's image processing (`rlcore.rollout.agent.images`)."""
     _check_arguments(max_turns, sampling, call_format)
     setup = _setup(tokenizer, tools, chat_tools, env)(
         fmt=tool_format,

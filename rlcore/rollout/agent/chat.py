@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcore.rewards.custom import import_file
-from rlcore.rollout.env import EnvSpecError, Message
+from rlcore.rollout.agent.env import EnvSpecError, Message
 
 TOOLS_FLAG = "--rollout.tools"
 ANCHOR = "rlcore-anchor-c0ntent"

@@ -1,4 +1,4 @@
-"""The arithmetic of the lean decode step (`rlcore.rollout.lean`), as values: the step calls these and
+"""The arithmetic of the lean decode step (`rlcore.rollout.native.lean`), as values: the step calls these and
 branches on no mode.
 
     shape.kernels.product(x, w, b)      # x W^T + b
@@ -28,8 +28,8 @@ from torch import Tensor
 
 from rlcore.models import exact
 from rlcore.models.onednn import packed_linear
-from rlcore.rollout.lean_cover import Layer
-from rlcore.rollout.lean_weights import exact_weights
+from rlcore.rollout.native.lean_cover import Layer
+from rlcore.rollout.native.lean_weights import exact_weights
 
 
 @dataclasses.dataclass(frozen=True)

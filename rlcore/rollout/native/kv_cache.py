@@ -1,4 +1,4 @@
-"""The native engine's Hugging Face KV caches (`rlcore.rollout.native`), and the decode state over them.
+"""The native engine's Hugging Face KV caches (`rlcore.rollout.native.engine`), and the decode state over them.
 
     cache = new_cache(config, "auto", prealloc=True, capacity=p + max_tokens)
     state = HFState(step, static, cache, mask, positions, p)     # after the prefill into `cache`
@@ -9,7 +9,7 @@ Which cache: "static" is HF's `StaticCache` (fixed shapes, for compile and CUDA 
 whose every layer is full attention is a `Cache` of `PreallocatedLayer`s, each with room for the prompt
 and every response token, written in place, so a decode step copies one position instead of
 concatenating the whole cache; any other model gets HF's `DynamicCache`. The lean step
-(`rlcore.rollout.lean`) takes its prefill from the preallocated layers' buffers.
+(`rlcore.rollout.native.lean`) takes its prefill from the preallocated layers' buffers.
 
 `HFState` is the Hugging Face step's side of a decoding: the cache, the attention mask over prompt and
 response (its response columns switched on one step at a time) and each row's next position; the

@@ -1,4 +1,4 @@
-"""The environments of an agent rollout (`rlcore.rollout.agent`): built and reset, failed, closed.
+"""The environments of an agent rollout (`rlcore.rollout.agent.loop`): built and reset, failed, closed.
 
     reset_all(trajectories, rows, setup, seed)     # one instance per sample; its first observation
     end_on_fault(traj, outcome, setup, "step")     # an env that raised or hung: failure score, abandoned
@@ -21,18 +21,18 @@ from typing import Any
 
 from rlcore.batch import Batch
 from rlcore.data.prompts import render_prompt
-from rlcore.rollout.agent_images import (
+from rlcore.rollout.agent.calls import Outcome, run_concurrently
+from rlcore.rollout.agent.env import EnvOutputError, Message, checked_reset
+from rlcore.rollout.agent.images import (
     Inputs,
     expanded,
     message_images,
     observation_inputs,
     template_messages,
 )
-from rlcore.rollout.agent_state import TURN_SEED_STRIDE, Setup, Trajectory, prompt_messages, raw_prompts
-from rlcore.rollout.calls import Outcome, run_concurrently
-from rlcore.rollout.env import EnvOutputError, Message, checked_reset
+from rlcore.rollout.agent.state import TURN_SEED_STRIDE, Setup, Trajectory, prompt_messages, raw_prompts
 
-log = logging.getLogger("rlcore.rollout.agent")  # the agent loop's logger, its warnings named as before
+log = logging.getLogger("rlcore.rollout.agent.loop")  # the agent loop's logger, its warnings named as before
 
 
 def _env_seed(uid: str, seed: int | None) -> int:

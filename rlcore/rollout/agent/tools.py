@@ -1,6 +1,6 @@
 """Tools for the multi-turn agent loop: a plain dict from a tool's name to a function `str -> str`.
 
-The tool-call format (parsed by `rlcore.rollout.agent`):
+The tool-call format (parsed by `rlcore.rollout.agent.loop`):
 
     model:   ... <tool>calculator: 2*(3+4)</tool>          (the closing tag ends the model's turn)
     loop:    <result>14</result>                            (observation tokens, response_mask = 0)
