@@ -25,11 +25,11 @@ def main(argv: list[str] | None = None) -> int:
     import faulthandler
 
     faulthandler.enable()  # a native crash (SIGSEGV, SIGABRT, ...) prints every thread's Python stack first
-    from rlcore.trainer.cli import UserError, parse
+    from rlcore.trainer.cli import CommandLineError, parse
 
     try:
         cfg = parse(sys.argv[1:] if argv is None else argv)
-    except UserError as e:
+    except CommandLineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from rlcore.trainer.run import run

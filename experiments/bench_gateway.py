@@ -34,7 +34,7 @@ from benchlib import lscpu_model, matmul_gflops  # noqa: E402
 from rlcore.data import agent_tasks  # noqa: E402
 from rlcore.data.prompts import make_prompt_batch  # noqa: E402
 from rlcore.data.rows import row_from_dict  # noqa: E402
-from rlcore.gateway.agents import AgentEngine, load_agent  # noqa: E402
+from rlcore.gateway.agents import GatewayAgentEngine, load_agent  # noqa: E402
 from rlcore.models import load_policy  # noqa: E402
 from rlcore.models.onednn import cpu_isa  # noqa: E402
 from rlcore.rollout import NativeEngine, SamplingParams  # noqa: E402
@@ -75,7 +75,7 @@ def compare(model_path: str, repeats: int, peak: float) -> None:
     rows = [row_from_dict(r, "builtin:calc") for r in agent_tasks.generate_rows("val", 8, seed=0)]
     prompts = make_prompt_batch(rows, tokenizer, uids=[f"p{i}" for i in range(len(rows))])
     sampling = SamplingParams(n=4, max_tokens=64, temperature=1.0)
-    gateway = AgentEngine(counted, tokenizer, load_agent(AGENT))
+    gateway = GatewayAgentEngine(counted, tokenizer, load_agent(AGENT))
     loop = AgentLoop(counted, tokenizer, max_turns=3)
     sides: dict[str, list[tuple[float, int, int, int]]] = {"endpoint": [], "loop": []}
     for i in range(repeats + 1):  # the first pair warms up
@@ -97,7 +97,7 @@ def compare(model_path: str, repeats: int, peak: float) -> None:
     gateway.close()
 
 
-def latency(gateway: AgentEngine, counted: Counted, prompts, tokenizer, calls: int = 30) -> None:
+def latency(gateway: GatewayAgentEngine, counted: Counted, prompts, tokenizer, calls: int = 30) -> None:
     """Median ms of one 1-token chat call through the endpoint, and of engine.generate on its prompt ids."""
     import openai
 

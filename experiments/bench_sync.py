@@ -61,7 +61,7 @@ def gap(engine, model, tokenizer) -> float:
     """Max |engine - trainer| log-prob of 8 sampled tokens for each of 8 samples of 4 prompts."""
     from rlcore.pure import token_logprobs
     from rlcore.rollout.base import SamplingParams
-    from rlcore.rollout.vllm.engine import logprob_gap
+    from rlcore.step.steps import logprob_gap
     from tests.rollout.test_vllm_engine import make_prompts, teacher_forced_logits
 
     prompts = make_prompts(tokenizer, ["abc", "hello world", "12+34=", "reverse me"])

@@ -87,14 +87,14 @@ def main() -> None:
         model = str(smollm2_gguf())
     import train
     from rlcore.models.policy import load_model
-    from rlcore.step import collect, learn
+    from rlcore.step import collect, stages
     from rlcore.step import train_step as step
     from rlcore.trainer import run
 
     params = sum(p.numel() for p in load_model(model).parameters())
     before = rss()
     with Sampler() as sampler, tempfile.TemporaryDirectory() as out:
-        for module in (collect, learn, run, step):  # each imported `phase` by name
+        for module in (collect, stages, run, step):  # each imported `phase` by name
             module.phase = sampler.phase
         code = train.main(["grpo", "--model.path", model, "--data.batch-size", "8", "--rollout.n", "8",
                            "--rollout.max-tokens", "48", "--trainer.steps", "2", "--trainer.val-every", "0",

@@ -45,9 +45,9 @@ def group_of(name: str) -> str:
 
 def profile(model: str, dtype: str, lora: int) -> None:
     import train
-    from rlcore.step import learn
+    from rlcore.step import stages
 
-    calls, original = [0], learn.update_step
+    calls, original = [0], stages.update_step
 
     def profiled(*args, **kwargs):
         calls[0] += 1
@@ -69,7 +69,7 @@ def profile(model: str, dtype: str, lora: int) -> None:
             print(f"| {e.key} | {e.self_cpu_time_total / 1e6:.2f} | {100 * e.self_cpu_time_total / total:.0f}% | {e.count} |")
         return out
 
-    learn.update_step = profiled
+    stages.update_step = profiled
     try:
         with tempfile.TemporaryDirectory() as out:
             code = train.main(["grpo", "--model.path", model, "--model.dtype", dtype, "--data.batch-size", "8",
@@ -77,7 +77,7 @@ def profile(model: str, dtype: str, lora: int) -> None:
                                "--trainer.val-every", "0", "--data.builtin-val-size", "8", "--log.no-progress",
                                "--model.lora-rank", str(lora), "--out-dir", out])  # fmt: skip
     finally:
-        learn.update_step = original
+        stages.update_step = original
     assert code == 0, code
 
 

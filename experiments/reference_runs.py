@@ -91,22 +91,47 @@ def train_run(name: str, out: Path) -> dict:
 
 
 def tinker_run(out: Path) -> dict:
-    """examples/tinker_rl.py's loop, two small steps, against the real server."""
+    """examples/tinker_rl.py's loop for two small steps against the real server, one request in flight at a
+    time (requests sent together share engine calls, and the batch they land in moves the last bits), with
+    LoRA (rank 8) and the loss's outputs recorded."""
     sys.path.insert(0, str(ROOT))
     from tests.tinker.server import running
 
     sys.path.insert(0, str(ROOT / "examples"))
     import tinker
     import tinker_rl
+    from tinker import types
 
+    from rlcore.data.tasks import generate_rows
+
+    records = []
     with running(out) as url, tinker.ServiceClient(base_url=url, api_key="tml-reference") as service:
-        before, after, _ = tinker_rl.train(service, 2, base_model="builtin:tiny-reverse", rank=0, prompts=8,
-                                           group=4, max_tokens=12, lr=1e-3, val_rows=16)  # fmt: skip
-    return {"metrics": [{"val_before": before, "val_after": after}], "samples": []}
+        training = service.create_lora_training_client(base_model="builtin:tiny-reverse", rank=8).result()
+        tokenizer = training.get_tokenizer()
+        params = types.SamplingParams(max_tokens=12, temperature=1.0, seed=7)
+        adam = types.AdamParams(learning_rate=1e-3, beta1=0.9, beta2=0.999, eps=1e-8)
+        for rows in (generate_rows("reverse", "train", 16)[:8], generate_rows("reverse", "train", 16)[8:]):
+            sampler = training.save_weights_and_get_sampling_client().result()
+            data, rewards = [], []
+            for row in rows:
+                prompt = tinker_rl.prompt_of(tokenizer, row)
+                seqs = sampler.sample(types.ModelInput.from_ints(prompt), 4, params).result().sequences
+                more, scores = tinker_rl.datums(tokenizer, row, prompt, seqs)
+                data, rewards = data + more, rewards + scores
+            out_fb = training.forward_backward(data, loss_fn="importance_sampling").result()
+            training.optim_step(adam).result()
+            records.append({"rewards": rewards, **{k: float(v) for k, v in out_fb.metrics.items()},
+                            "logprobs": [float(x) for o in out_fb.loss_fn_outputs[:2] for x in o["logprobs"].tolist()]})  # fmt: skip
+    return {"metrics": [{k: [_bits(x) for x in v] if isinstance(v, list) else v for k, v in r.items()} for r in records],
+            "samples": []}  # fmt: skip
 
 
 def _stable(record: dict) -> dict:
-    return {k: _bits(v) for k, v in record.items() if not (k.startswith(UNSTABLE) or k.endswith("_s"))}
+    return {k: _bits(v) for k, v in record.items() if _compared(k)}
+
+
+def _compared(key: str) -> bool:
+    return not (key.startswith(UNSTABLE) or key.endswith("_s"))
 
 
 def _bits(value):
@@ -132,7 +157,7 @@ def compare(a: Path, b: Path) -> int:
             continue
         x, y = json.loads(left.read_text()), json.loads(right.read_text())
         diffs = [k for i, (p, q) in enumerate(zip(x["metrics"], y["metrics"], strict=False))
-                 for k in sorted(set(p) | set(q)) if p.get(k) != q.get(k)]  # fmt: skip
+                 for k in sorted(set(p) | set(q)) if _compared(k) and p.get(k) != q.get(k)]  # fmt: skip
         same = not diffs and len(x["metrics"]) == len(y["metrics"]) and x["samples"] == y["samples"]
         print(f"{name}: {'identical' if same else 'DIFFERENT ' + ', '.join(sorted(set(diffs))[:8])}")
         bad += not same

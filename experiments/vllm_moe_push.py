@@ -31,7 +31,8 @@ from rlcore.models.families import FAMILIES
 from rlcore.models.moe import checkpoint_tensors
 from rlcore.pure import token_logprobs
 from rlcore.rollout.base import SamplingParams
-from rlcore.rollout.vllm.engine import VLLMEngine, logprob_gap
+from rlcore.rollout.vllm.engine import VLLMEngine
+from rlcore.step.steps import logprob_gap
 from tests.rollout.test_vllm_engine import TEXTS, make_prompts, teacher_forced_logits
 
 SAMPLING = SamplingParams(n=2, max_tokens=16, seed=1)

@@ -12,7 +12,7 @@ time: GRPO with `--rollout.max-turns 2` has to move the policy onto the tool.
 
     python experiments/warmstart_calc.py                 # writes rlcore/models/weights/tiny-calc/
 
-Evaluated with the real agent loop (`rlcore.rollout.AgentEngine` over the native engine), greedy and
+Evaluated with the real agent loop (`rlcore.rollout.agent.AgentEngine` over the native engine), greedy and
 sampled. Deterministic for a seed on a given machine.
 """
 
@@ -29,7 +29,8 @@ from rlcore.data import agent_tasks
 from rlcore.data.dataset import PromptDataset
 from rlcore.data.rows import row_from_dict
 from rlcore.models import load_policy
-from rlcore.rollout import AgentEngine, NativeEngine, SamplingParams
+from rlcore.rollout import NativeEngine, SamplingParams
+from rlcore.rollout.agent import AgentEngine
 from rlcore.rollout.agent.tools import DEFAULT_FORMAT as FMT
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

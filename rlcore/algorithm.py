@@ -7,6 +7,7 @@
     )
     batch, metrics = advantage_step(batch, algorithm, kl_coef=state.kl_coef)   # rlcore.step.steps
     actor, metrics = update_step(actor, batch, algorithm, plan, horizon=64)     # rlcore.step.update
+    state, metrics, batch = learn(state, handles, algorithm, plan, batch)      # its `stages` in order
 
 What an advantage estimator reads from the batch is named by its parameters (`ESTIMATOR_INPUTS`):
 `token_rewards` (scores minus the KL penalty), `response_mask`, `group_ids` (a label per prompt:
@@ -25,11 +26,9 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from torch import Tensor
-
-from rlcore.batch import Batch
 
 ESTIMATOR_INPUTS = ("token_rewards", "response_mask", "group_ids", "values", "baseline_rewards")
 """Batch inputs an advantage estimator may take, by parameter name (the contract of ESTIMATORS)."""
@@ -57,6 +56,21 @@ def missing_inputs(fn: Callable[..., Any]) -> list[str]:
     ]
 
 
+C = TypeVar("C")
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage(Generic[C]):
+    """One stage of the learn chain: `run(ctx) -> ctx`, with the batch keys and state parts it reads
+    (`needs`) and writes (`makes`); the library's context and chain are `rlcore.step.stages`'."""
+
+    name: str
+    needs: frozenset[str]
+    makes: frozenset[str]
+    run: Callable[[C], C]
+
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Algorithm:
     """The pure callables and switches of one RL algorithm (no state; see the module docstring)."""
@@ -77,13 +91,9 @@ class Algorithm:
     """Entropy bonus coefficient (subtracted from the loss; 0: entropy only measured)."""
     tis_cap: float | None = None
     """Truncated importance sampling of trainer vs rollout probabilities (None: off)."""
-    correction: Callable[..., tuple[Batch, dict[str, Tensor]]] | None = None
-    """Off-policy correction of a batch with old and rollout log-probs, before the advantages
-    (`rlcore.step.steps.correction_step` with its levels and thresholds bound): IS weights as the batch's
-    `is_weights`, rejected units out of its `response_mask`. None: off."""
     correction_weights: bool = False
-    """`correction` writes `is_weights` (its importance-sampling level is set): the policy loss multiplies
-    each token's term by them (decoupled PPO)."""
+    """The learn chain's off-policy correction stage writes `is_weights` (`rlcore.step.steps.correction_step`
+    with an importance-sampling level): the policy loss multiplies each token's term by them (decoupled PPO)."""
     bypass: bool = False
     """The rollout's log-probs are the old policy (no recompute pass)."""
     value_loss_fn: Callable[..., tuple[Tensor, dict[str, Tensor]]] | None = None
@@ -98,6 +108,9 @@ class Algorithm:
     on_policy: bool = False
     """One update per step and no KL in the reward: the update's own forward gives the old log-probs
     (ratio 1), so the separate no-grad pass is skipped."""
+    stages: tuple[Stage[Any], ...] = ()
+    """The learn phase's chain, bound once (`rlcore.step.stages.stages_of`, a stage of your own with
+    `rlcore.step.stages.with_stage`); empty: `learn` runs `stages_of(algorithm, plan)`."""
 
     @property
     def inputs(self) -> frozenset[str]:

@@ -19,7 +19,24 @@ import torch
 
 from rlcore.rewards.step import OverlongPenalty
 from rlcore.rollout.base import SamplingParams
-from rlcore.step.update import UpdatePlan
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class UpdatePlan:
+    """How one step's batch becomes optimizer updates (the same plan drives actor and critic)."""
+
+    ppo_epochs: int = 1
+    """Passes over the batch."""
+    mini_batch_size: int | None = None
+    """Prompts per optimizer update over all ranks (None: the whole batch)."""
+    micro_batch_size: int = 64
+    """Rows per forward/backward (gradient accumulation inside a mini-batch)."""
+    max_tokens_per_micro_batch: int | None = None
+    """A token budget per micro-batch instead of a row count."""
+    share_prompts: bool = True
+    """Compute each prompt once for its samples (packed forwards) where it pays."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0: off)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -16,12 +16,34 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from torch import Tensor
+from torch import Tensor, nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
 
 from rlcore.batch import Batch
 from rlcore.data.dataset import Cursor
 from rlcore.dist.transfer import json_tensor, rows_from_json, rows_to_json, tensor_json
-from rlcore.step.update import ModelState
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelState:
+    """A trained model with its optimizer and schedule (the actor's or the critic's); replaced, never
+    mutated, by `run_updates`.
+
+    The model's parameters and the optimizer's state change in place (`optimizer.step()`): the one
+    documented exception to immutability.
+    """
+
+    model: nn.Module
+    """A plain module (1 process) or an FSDP2-sharded one."""
+    optimizer: Optimizer
+    """AdamW over the model's parameters (`build_optimizer`)."""
+    scheduler: LRScheduler
+    """Learning-rate schedule, stepped once per optimizer update (`build_scheduler`)."""
+    step: int = 0
+    """`run_updates` calls so far (training steps that updated this model)."""
+    bad_updates: int = 0
+    """Consecutive optimizer updates skipped for a non-finite loss or gradient norm."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,8 +11,9 @@ from typing import Any
 
 from configs import AlgoConfig, CriticConfig, OptimConfig
 from rlcore.batch import Batch
+from rlcore.state import ModelState
 from rlcore.step.critic import critic_update
-from rlcore.step.update import ModelState, update_step
+from rlcore.step.update import update_step
 from rlcore.trainer.algorithm import algorithm_of, model_state, update_plan
 
 

@@ -20,7 +20,7 @@ from configs import (
 from rlcore.config.defaults import resolve
 from rlcore.config.messages import condense
 from rlcore.config.preflight import validate
-from rlcore.trainer.cli import UserError, parse
+from rlcore.trainer.cli import CommandLineError, parse
 
 
 def with_(cfg: Config, **parts) -> Config:
@@ -144,9 +144,9 @@ def test_no_arguments_is_the_grpo_preset_and_flags_override():
 
 
 def test_cli_errors_are_one_line():
-    with pytest.raises(UserError, match=r"did you mean --rollout\.n"):
+    with pytest.raises(CommandLineError, match=r"did you mean --rollout\.n"):
         parse(["grpo", "--rollout.nn", "3"])
-    with pytest.raises(UserError, match="unknown preset 'ppoo'"):
+    with pytest.raises(CommandLineError, match="unknown preset 'ppoo'"):
         parse(["ppoo"])
     assert condense(" Title \n ---- \n  line one  \n  line two \n ---- \n rest") == (
         "line one line two (see python train.py --help)"

@@ -15,7 +15,7 @@ from torch import nn
 from configs import Config, ModelConfig
 from rlcore.config.cpu_bf16 import bf16_units, slow_bf16_line
 from rlcore.config.fits import alternatives, setup_of
-from rlcore.models.footprint import SavedBytes, Setup, Shape, activation_bytes_per_token, estimate
+from rlcore.models.footprint import FootprintSetup, SavedBytes, Shape, activation_bytes_per_token, estimate
 from rlcore.trainer.logger import read_metrics
 from tests.smoke.test_train import ok, train
 
@@ -117,15 +117,15 @@ def test_the_shape_and_estimate_of_qwen_0_5b_by_hand():
     assert (shape.layers, shape.hidden, shape.mlp, shape.vocab, shape.kv_width) == (24, 896, 4864, 151936, 256)
     assert activation_bytes_per_token(shape, 4, False) == 24 * (13 * 896 + 4 * 4864) * 4 + 8 * 151936
     assert activation_bytes_per_token(shape, 4, True) == 24 * 896 * 4 + (13 * 896 + 4 * 4864) * 4 + 8 * 151936
-    setup = Setup(dtype_bytes=4, lora_rank=0, micro_tokens=511, rollout_rows=32, rollout_tokens=166,
-                  checkpointing=False)  # fmt: skip
+    setup = FootprintSetup(dtype_bytes=4, lora_rank=0, micro_tokens=511, rollout_rows=32, rollout_tokens=166,
+                          checkpointing=False)  # fmt: skip
     est = estimate(shape, setup)
     p = shape.params
     assert est.parts["weights"] == 4 * p and est.parts["optimizer"] == 8 * p and est.parts["gradients"] == 4 * p
     assert est.parts["kv_cache"] == 32 * 166 * 24 * 256 * 4
     assert est.peak == est.parts["process"] + 12 * p + max(4 * p + est.parts["activations"], 4 * p + est.parts["kv_cache"])
     assert est.peak / 2**30 < 11.0  # the target for this shape: 1.5x its 7.4 GiB floor
-    lora = estimate(shape, Setup(**{**setup.__dict__, "lora_rank": 16}))
+    lora = estimate(shape, FootprintSetup(**{**setup.__dict__, "lora_rank": 16}))
     # rank 16 on q, k, v, o, gate, up, down: 16 x (2 x 1792 + 2 x 1024 + 3 x 5760) per layer
     assert shape.lora_params(16) == 24 * 16 * (2 * 1792 + 2 * 1024 + 3 * 5760) == 8_798_208
     assert lora.parts["optimizer"] == 8 * 8_798_208 and lora.parts["gradients"] == 4 * 8_798_208

@@ -33,7 +33,9 @@ from rlcore.state import TrainState
 from rlcore.step.steps import rollout_step, score_step
 from rlcore.step.faults import Hooks
 from rlcore.step.learn import learn
-from rlcore.step.update import ModelState, UpdatePlan, build_optimizer, build_scheduler
+from rlcore.plan import UpdatePlan
+from rlcore.state import ModelState
+from rlcore.step.update import build_optimizer, build_scheduler
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,7 +34,7 @@ import orjson  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from rlcore.rewards.math_reward import last_boxed  # noqa: E402  (verl's precedence: a `\\boxed ` wins)
+from rlcore.data.answers import last_boxed  # noqa: E402  (verl's precedence: a `\\boxed ` wins)
 
 DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
 INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."

@@ -44,9 +44,11 @@ from rlcore.algorithm import Algorithm  # noqa: E402
 from rlcore.dist import apply_activation_checkpointing, apply_fsdp  # noqa: E402
 from rlcore.dist.mesh import MeshAxis  # noqa: E402
 from rlcore.models.forward import compute_logprobs  # noqa: E402
+from rlcore.plan import UpdatePlan  # noqa: E402
 from rlcore.pure.advantages import ESTIMATORS  # noqa: E402
 from rlcore.pure.losses import POLICY_LOSSES  # noqa: E402
-from rlcore.step.update import ModelState, UpdatePlan, build_optimizer, build_scheduler, update_step  # noqa: E402
+from rlcore.state import ModelState  # noqa: E402
+from rlcore.step.update import build_optimizer, build_scheduler, update_step  # noqa: E402
 
 
 def qwen2_05b_config(quick: bool) -> Qwen2Config:

@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Callable
 
 from configs import Config, ConfigError
+from rlcore.rollout.engines import ENGINES, EngineKind, engine_kind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +36,12 @@ def _model_parallel(cfg: Config) -> str | None:
     return f"--trainer.tp {t.tp} --trainer.sp {t.sp}" if t.tp * t.sp > 1 else None
 
 
+def _engine_feature(kind: EngineKind) -> Feature:
+    """The compatibility table's feature of an engine kind: asked for by `--rollout.engine NAME`."""
+    flag = f"--rollout.engine {kind.name}"
+    return Feature(kind.feature, lambda c: flag if engine_kind(c.rollout.engine) is kind else None, f"`{flag}`")
+
+
 def _autocast(cfg: Config) -> str | None:
     m = cfg.model
     if m.compute_dtype == "float32" or m.compute_dtype == m.dtype:
@@ -46,8 +53,7 @@ FEATURES: dict[str, Feature] = {
     f.name: f
     for f in (
         Feature("exact", lambda c: "--rollout.exact" if c.rollout.exact else None, "`--rollout.exact`"),
-        Feature("vllm", lambda c: "--rollout.engine vllm" if c.rollout.engine == "vllm" else None,
-                "`--rollout.engine vllm`"),
+        *(_engine_feature(kind) for kind in ENGINES.values() if kind.feature is not None),
         Feature("compile", lambda c: "--rollout.compile" if c.rollout.compile else None, "`--rollout.compile`"),
         Feature("agent", lambda c: "the agent loop (--rollout.max-turns / env / tools)" if c.rollout.multi_turn
                 else None, "the agent loop (`--rollout.max-turns > 1`, an env or tools)"),

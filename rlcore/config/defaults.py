@@ -41,8 +41,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import torch
-
 from configs import AlgoConfig, Config, ConfigError
 from rlcore.data.sources import is_generated
 from rlcore.dist.mesh import device_type
@@ -111,10 +109,6 @@ FLAGS = {
 """The fields resolved at start-up (section.field, as config.json names them) and their flags."""
 
 KIND_NAMES: dict[Kind, str] = {"builtin": "a built-in model", "pretrained": "a pretrained model"}
-
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-"""--model.dtype / --model.compute-dtype names to torch dtypes."""
 
 
 def model_kind(path: str) -> Kind:

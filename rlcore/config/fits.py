@@ -21,7 +21,8 @@ from pathlib import Path
 
 from configs import Config, ConfigError
 from rlcore.dist import memory
-from rlcore.models.footprint import Setup, Shape, estimate
+from rlcore.models.footprint import FootprintSetup, Shape, estimate
+from rlcore.rollout.engines import engine_kind
 
 GIB = 2**30
 _CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
@@ -57,7 +58,7 @@ def check_fits(cfg: Config, *, world_size: int, on_cpu: bool, prompt_tokens: int
     )
 
 
-def setup_of(cfg: Config, shape: Shape, world_size: int, prompt_tokens: int) -> Setup:
+def setup_of(cfg: Config, shape: Shape, world_size: int, prompt_tokens: int) -> FootprintSetup:
     """The estimate's view of a run on one of `world_size` ranks (FSDP2 shards the trained state) whose
     longest prompt has `prompt_tokens` tokens."""
     a, r = cfg.algo, cfg.rollout
@@ -65,16 +66,17 @@ def setup_of(cfg: Config, shape: Shape, world_size: int, prompt_tokens: int) -> 
     micro = a.max_tokens_per_micro_batch or a.micro_batch_size * row
     rows = -(-cfg.data.batch_size * r.n // world_size)
     bf16 = {"float32": 4, "bfloat16": 2}
-    native = r.engine == "native"
+    kind = engine_kind(r.engine)
     lora_copy = cfg.model.lora_rank > 0 and r.lora_merged_copy and not r.exact
-    copy = not native or world_size > 1 or lora_copy  # vLLM holds its own weights too
-    vllm_kv = 0 if native else int(float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")) * GIB)  # rlcore's default
-    return Setup(dtype_bytes=bf16[cfg.model.dtype], lora_rank=cfg.model.lora_rank,
-                 micro_tokens=min(micro, rows * row), rollout_rows=rows, rollout_tokens=row,
-                 checkpointing=cfg.model.activation_checkpointing, selective=cfg.model.selective_checkpointing,
-                 compute_bytes=bf16[cfg.model.compute_dtype],
-                 shards=world_size, engine_copy=native,
-                 engine_copy_bytes=(shape.params * bf16[cfg.model.dtype] if copy else 0) + vllm_kv)  # fmt: skip
+    copy = kind.own_weights or world_size > 1 or lora_copy  # vLLM holds its own weights too
+    env = kind.kv_cache_env  # the KV cache reserved up front, 1 GiB by default (rlcore's)
+    reserved_kv = 0 if env is None else int(float(os.environ.get(env, "1")) * GIB)
+    return FootprintSetup(dtype_bytes=bf16[cfg.model.dtype], lora_rank=cfg.model.lora_rank,
+                         micro_tokens=min(micro, rows * row), rollout_rows=rows, rollout_tokens=row,
+                         checkpointing=cfg.model.activation_checkpointing, selective=cfg.model.selective_checkpointing,
+                         compute_bytes=bf16[cfg.model.compute_dtype],
+                         shards=world_size, engine_copy=kind.packs_weights,
+                         engine_copy_bytes=(shape.params * bf16[cfg.model.dtype] if copy else 0) + reserved_kv)  # fmt: skip
 
 
 def fitting(cfg: Config, shape: Shape, *, world_size: int, prompt_tokens: int, limit: int) -> list[str]:

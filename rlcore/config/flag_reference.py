@@ -82,13 +82,13 @@ def flag_names(path: tuple[str, ...], kind: object) -> list[str]:
 
 
 @dataclasses.dataclass(frozen=True)
-class Row:
+class FlagRow:
     path: tuple[str, ...]
     kind: object
     doc: str
 
 
-def rows(cls: type, prefix: tuple[str, ...] = ()) -> Iterator[Row]:
+def rows(cls: type, prefix: tuple[str, ...] = ()) -> Iterator[FlagRow]:
     """Every leaf field of `cls`, nested dataclasses flattened, in declaration order."""
     hints, docs = typing.get_type_hints(cls), field_docs(cls)
     for f in dataclasses.fields(cls):
@@ -96,7 +96,7 @@ def rows(cls: type, prefix: tuple[str, ...] = ()) -> Iterator[Row]:
         if dataclasses.is_dataclass(kind):
             yield from rows(typing.cast(type, kind), (*prefix, f.name))
         else:
-            yield Row((*prefix, f.name), kind, docs.get(f.name, ""))
+            yield FlagRow((*prefix, f.name), kind, docs.get(f.name, ""))
 
 
 def value_at(config: object, path: tuple[str, ...]) -> object:
@@ -109,7 +109,7 @@ def presets_text(path: tuple[str, ...], default: object, presets: Mapping[str, o
     return ", ".join(f"`{name}={value_text(v)}`" for name, v in changed if v != default)
 
 
-def table(section: list[Row], default: object, presets: Mapping[str, object]) -> list[str]:
+def table(section: list[FlagRow], default: object, presets: Mapping[str, object]) -> list[str]:
     lines = ["| flag | type | default | what it does | presets |", "|---|---|---|---|---|"]
     for row in section:
         value = value_at(default, row.path)
@@ -120,9 +120,9 @@ def table(section: list[Row], default: object, presets: Mapping[str, object]) ->
     return lines
 
 
-def sections(config_cls: type) -> dict[str, list[Row]]:
+def sections(config_cls: type) -> dict[str, list[FlagRow]]:
     """The rows by section: the top-level flags first (as --help lists them), then each section's."""
-    grouped: dict[str, list[Row]] = {"top level": []}
+    grouped: dict[str, list[FlagRow]] = {"top level": []}
     for row in rows(config_cls):
         key = row.path[0] if len(row.path) > 1 else "top level"
         grouped.setdefault(key, []).append(row)

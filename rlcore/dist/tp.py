@@ -1,8 +1,8 @@
 """Tensor parallelism of a Hugging Face decoder with DTensor (`parallelize_module`), Megatron style.
 
     mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp_shard", "tp"))
-    problem = tp_problem(model.config, tp)          # None, or one line naming the factor that fails
-    apply_tp(model, mesh["tp"])                     # then apply_fsdp(model, mesh["dp_shard"]) composes
+    apply_tp(model, mesh["tp"], plan)               # a family's plan (rlcore.dist.tp_plans); then
+                                                    # apply_fsdp(model, mesh["dp_shard"]) composes
 
 Per decoder layer (the Llama family: llama, mistral, qwen2, qwen3): q/k/v and gate/up are split
 column-wise (each rank holds `heads / tp` attention heads, `kv_heads / tp` KV heads and `intermediate /
@@ -48,36 +48,10 @@ from torch.distributed.tensor.parallel import (
 )
 
 
-def tp_problem(config: Any, tp: int) -> str | None:
-    """One line on why `config` cannot be split `tp` ways (None if it can)."""
-    if tp == 1:
-        return None
-    from rlcore.models.families import covering, family_of  # (the families import the plans from rlcore.dist)
-
-    family = family_of(config)
-    if family.tp_plan is None:
-        return f"no tensor-parallel plan for model_type {family.model_type!r} (plans: {', '.join(covering('tp'))})"
-    sizes = {
-        "num_attention_heads": config.num_attention_heads,
-        "num_key_value_heads": getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
-        "intermediate_size": config.intermediate_size,
-    }
-    bad = [f"{name} {size}" for name, size in sizes.items() if size % tp]
-    if bad:
-        return f"{', '.join(bad)} not divisible by tp({tp}); use a tp that divides them"
-    return None
-
-
-def apply_tp(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
+def apply_tp(model: nn.Module, mesh: DeviceMesh, plan: Any) -> nn.Module:
     """Split every decoder layer of `model` over the 1-D `mesh` (see the module docstring), in place."""
-    problem = tp_problem(model.config, mesh.size())
-    if problem is not None:
-        raise ValueError(problem)
     if mesh.size() == 1:
         return model
-    from rlcore.models.families import family_of
-
-    plan = family_of(model).tp_plan
     frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
     for layer in _layers(model):
         parallelize_module(layer, mesh, _layer_plan(layer, plan))

@@ -20,6 +20,9 @@ A delta push is a manifest of `rlcore.dist.delta.Entry` (name, dtype, shape, enc
 checksum, chunk lengths), one uint8 broadcast per payload, then one all-reduce (MAX) of every receiver's
 "a checksum disagreed" flag (the sender's is 0): if any receiver disagrees, the sender broadcasts every
 tensor raw, and every receiver takes that instead. It always blocks (the sender waits for the reply).
+
+Weight pushes between the roles of split placement use these through `rlcore.dist.push` (announcement,
+full / adapter / delta kinds, both ends).
 """
 
 from __future__ import annotations

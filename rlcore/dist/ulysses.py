@@ -20,7 +20,6 @@ FSDP2's reduction over (dp_shard x sp) adds up. The caller computes the same los
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from typing import Any
 
@@ -29,6 +28,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
+
+from rlcore.dist.attention import has_switch, with_attention
 
 ATTENTION = "rlcore_ulysses"
 """The attention implementation name `apply_sp` registers with transformers."""
@@ -63,10 +64,9 @@ def apply_sp(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
     own: dict[int, Any] = {}  # a config another model shares keeps its attention: each gets a copy
     for module in model.modules():
         config = module.__dict__.get("config")
-        if config is not None and hasattr(config, "_attn_implementation"):
+        if config is not None and has_switch(config):
             if id(config) not in own:
-                own[id(config)] = copy.deepcopy(config)
-                own[id(config)]._attn_implementation = ATTENTION
+                own[id(config)] = with_attention(config, ATTENTION)
             module.config = own[id(config)]
         if hasattr(module, "num_key_value_groups"):  # an attention layer
             setattr(module, _GROUP_ATTR, group)

@@ -15,9 +15,9 @@ thread), `translate` (OpenAI bodies <-> token ids), `schema` (request bodies and
 
 from typing import Any
 
-from rlcore.gateway.record import Call, Sample, cut, extends, sample, segments, splits, to_batch
+from rlcore.gateway.record import Call, RecordedSample, cut, extends, sample, segments, splits, to_batch
 
-__all__ = ["Batcher", "Call", "Gateway", "Sample", "create_app", "cut", "extends", "sample", "segments",
+__all__ = ["Batcher", "Call", "Gateway", "RecordedSample", "create_app", "cut", "extends", "sample", "segments",
            "splits", "to_batch"]  # fmt: skip
 
 _SERVED = {"Batcher": "rlcore.gateway.batcher", "Gateway": "rlcore.gateway.server", "create_app": "rlcore.gateway.server"}

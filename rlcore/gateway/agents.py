@@ -5,7 +5,7 @@
         ...                                  # tools, more turns, anything the agent does
         return 1.0                            # or None: the row's reward function scores the final answer
 
-`AgentEngine` is a rollout engine (`rlcore.rollout.base`) around the trainer's own engine. Its `generate`
+`GatewayAgentEngine` is a rollout engine (`rlcore.rollout.base`) around the trainer's own engine. Its `generate`
 runs the agent `n` times per prompt row, each run with its own session (`rlcore.gateway.server`: the
 client's base URL, `/s/<session>/v1`, with the run's random key as its API key; the session names are
 random too, so no other process on the machine can post into an episode), at most `concurrency` at once
@@ -45,7 +45,7 @@ import torch
 
 from rlcore.batch import Batch
 from rlcore.data.prompts import pad_token_id
-from rlcore.gateway.record import Call, Sample, sample, segments, to_batch
+from rlcore.gateway.record import Call, RecordedSample, sample, segments, to_batch
 from rlcore.rewards.custom import existing_file, import_file, split_spec
 from rlcore.rollout.agent.env import EnvSpecError
 from rlcore.rollout.base import RolloutEngine, SamplingParams, Wrapping
@@ -89,7 +89,7 @@ def load_agent(spec: str) -> Agent:
 
 
 @dataclasses.dataclass(frozen=True)
-class Outcome:
+class EpisodeOutcome:
     """How one episode ended."""
 
     reward: float | None
@@ -100,19 +100,19 @@ class Outcome:
     """The other numbers of a returned dict."""
 
 
-def outcome_of(value: Any) -> Outcome:
-    """An agent's return value as an `Outcome` (raises ValueError for anything else)."""
+def outcome_of(value: Any) -> EpisodeOutcome:
+    """An agent's return value as an `EpisodeOutcome` (raises ValueError for anything else)."""
     if value is None:
-        return Outcome(None)
+        return EpisodeOutcome(None)
     if isinstance(value, bool) or not isinstance(value, int | float | dict):
         raise ValueError(f"returned a {type(value).__name__}; return a number, a dict with 'reward', or None")
     if not isinstance(value, dict):
-        return Outcome(float(value))
+        return EpisodeOutcome(float(value))
     numbers = {k: v for k, v in value.items() if isinstance(v, int | float) and not isinstance(v, bool)}
     if "reward" not in value or (value["reward"] is not None and "reward" not in numbers):
         raise ValueError("returned a dict without a numeric 'reward' (None: the reward function scores it)")
     reward = numbers.pop("reward", None)
-    return Outcome(None if reward is None else float(reward), extras={k: float(v) for k, v in numbers.items()})
+    return EpisodeOutcome(None if reward is None else float(reward), extras={k: float(v) for k, v in numbers.items()})
 
 
 def agent_row(prompts: Batch, i: int) -> dict[str, Any]:
@@ -122,7 +122,7 @@ def agent_row(prompts: Batch, i: int) -> dict[str, Any]:
             "extra_info": dict(prompts["extra_info"][i] or {})}  # fmt: skip
 
 
-class AgentEngine(Wrapping):
+class GatewayAgentEngine(Wrapping):
     """`inner` driven by an openai-client agent through the gateway (module docstring)."""
 
     def __init__(self, inner: RolloutEngine, tokenizer: Any, agent: Agent, *, concurrency: int = 64,
@@ -157,7 +157,7 @@ class AgentEngine(Wrapping):
         self.gateway.discard(prefix)  # and nothing of this call's episodes is kept past it
         return rows
 
-    async def _run_all(self, prompts: Batch, sessions: list[list[str]]) -> list[list[Outcome]]:
+    async def _run_all(self, prompts: Batch, sessions: list[list[str]]) -> list[list[EpisodeOutcome]]:
         import openai
 
         gate = asyncio.Semaphore(self.concurrency)
@@ -172,7 +172,7 @@ class AgentEngine(Wrapping):
         n = len(sessions[0]) if sessions else 0
         return [list(done[i * n : (i + 1) * n]) for i in range(len(sessions))]
 
-    async def _episode(self, gate: asyncio.Semaphore, client: Any, session: str, row: dict) -> Outcome:
+    async def _episode(self, gate: asyncio.Semaphore, client: Any, session: str, row: dict) -> EpisodeOutcome:
         async with gate:
             self._live += 1
             try:
@@ -181,15 +181,15 @@ class AgentEngine(Wrapping):
             except Exception as e:  # the agent's own failure ends its episode, never the run
                 why = "timed out" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
                 log.warning("%s: episode %s failed: %s", AGENT_FLAG, session, why)
-                return Outcome(self.failure_score, failed=True)
+                return EpisodeOutcome(self.failure_score, failed=True)
             finally:
                 self._live -= 1
 
-    def _rows(self, prompts: Batch, sessions: list[list[str]], outcomes: list[list[Outcome]],
+    def _rows(self, prompts: Batch, sessions: list[list[str]], outcomes: list[list[EpisodeOutcome]],
               budget: int) -> Batch:  # fmt: skip
         """Every session's recorded calls as rows, with its prompt row's fields and its outcome."""
-        samples: list[Sample] = []
-        source: list[tuple[int, Outcome, bool]] = []  # (prompt row, outcome, a split's later segment)
+        samples: list[RecordedSample] = []
+        source: list[tuple[int, EpisodeOutcome, bool]] = []  # (prompt row, outcome, a split's later segment)
         for i, (row_sessions, row_outcomes) in enumerate(zip(sessions, outcomes, strict=True)):
             for session, outcome in zip(row_sessions, row_outcomes, strict=True):
                 calls = self.gateway.take(session) or [_empty(prompts, i)]

@@ -48,7 +48,7 @@ class Call:
 
 
 @dataclasses.dataclass(frozen=True)
-class Sample:
+class RecordedSample:
     """One training sample's tokens, before padding: a prompt and a response of model and observation tokens."""
 
     prompt: tuple[int, ...]
@@ -85,7 +85,7 @@ def splits(calls: Sequence[Call]) -> int:
     return max(len(segments(calls)) - 1, 0)
 
 
-def sample(segment: Sequence[Call]) -> Sample:
+def sample(segment: Sequence[Call]) -> RecordedSample:
     """The tokens of one segment (see the module docstring); `segment` must chain by `extends`."""
     first = segment[0]
     response: list[int] = []
@@ -101,11 +101,11 @@ def sample(segment: Sequence[Call]) -> Sample:
         logprobs += [0.0] * len(observation) + list(call.logprobs)
         versions += [call.version] * (len(observation) + len(call.ids))
         end = len(call.prompt_ids) + len(call.ids)
-    return Sample(first.prompt_ids, tuple(response), tuple(mask), tuple(logprobs), tuple(versions),
+    return RecordedSample(first.prompt_ids, tuple(response), tuple(mask), tuple(logprobs), tuple(versions),
                   segment[-1].finish_reason, len(segment))  # fmt: skip
 
 
-def cut(item: Sample, max_response: int) -> Sample:
+def cut(item: RecordedSample, max_response: int) -> RecordedSample:
     """`item` with at most `max_response` response tokens; a cut sample finishes with "length"."""
     if len(item.response) <= max_response:
         return item
@@ -114,7 +114,7 @@ def cut(item: Sample, max_response: int) -> Sample:
                                versions=item.versions[:k], finish_reason="length")  # fmt: skip
 
 
-def to_batch(samples: Sequence[Sample], *, pad_id: int, max_response: int, uids: Sequence[str]) -> Batch:
+def to_batch(samples: Sequence[RecordedSample], *, pad_id: int, max_response: int, uids: Sequence[str]) -> Batch:
     """A rollout Batch with the agent loop's fields: prompt tensors (b, p), `responses`, `response_mask`,
     `response_attention`, `rollout_logprobs`, `rollout_versions` (b, t), `finish_reason`, `uid`, and
     `num_turns`, `num_observation_tokens` (b,); responses cut at `max_response`."""

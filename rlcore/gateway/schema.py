@@ -89,12 +89,12 @@ class Message(_Body):
     tool_call_id: str | None = None
 
 
-class Sampled(_Body):
+class SamplingBody(_Body):
     """What every endpoint shares: the model name (any is accepted) and the sampling fields."""
 
     model: str = ""
     n: int = Field(1, ge=1)
-    """At most `rlcore.gateway.translate.Limits.max_n`."""
+    """At most `rlcore.gateway.translate.SamplingLimits.max_n`."""
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     max_tokens: int | None = Field(None, ge=1)
@@ -103,7 +103,7 @@ class Sampled(_Body):
     stream: bool | None = None
 
 
-class ChatBody(Sampled):
+class ChatBody(SamplingBody):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
@@ -117,7 +117,7 @@ class ChatBody(Sampled):
     """vLLM's extension: end the prompt with the assistant's generation prompt (ignored when continuing)."""
 
 
-class CompletionBody(Sampled):
+class CompletionBody(SamplingBody):
     prompt: str | list[int]
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool | None = None

@@ -74,7 +74,7 @@ from rlcore.gateway.schema import (
     on_validation_error,
 )
 from rlcore.gateway.translate import (
-    Limits,
+    SamplingLimits,
     chat_choice,
     chat_prompt,
     refuse_unsupported,
@@ -100,7 +100,7 @@ class Served:
 
     batcher: Batcher
     tokenizer: Any
-    limits: Limits
+    limits: SamplingLimits
     model_name: str = "rlcore"
     key: str | None = None
     """The server key; None: any bearer is a session."""
@@ -236,8 +236,8 @@ class Gateway:
         if max_body_bytes < 1 or max_n < 1:
             raise ValueError(f"max_body_bytes={max_body_bytes}, max_n={max_n}: both must be >= 1")
         self.host, self.port = host, port
-        limits = Limits(max_context=max_context or context_length(engine.module, tokenizer),
-                        default_max_tokens=default_max_tokens, max_n=max_n)  # fmt: skip
+        limits = SamplingLimits(max_context=max_context or context_length(engine.module, tokenizer),
+                               default_max_tokens=default_max_tokens, max_n=max_n)  # fmt: skip
         self._engine, self._tokenizer, self._limits = engine, tokenizer, limits
         self._options = {"key": key, "model_name": model_name, "call_format": call_format}
         self._guard = guard_of(host, tuple(allowed_hosts), max_body_bytes, key)

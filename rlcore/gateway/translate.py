@@ -16,13 +16,13 @@ import uuid
 from typing import Any
 
 from rlcore.gateway.record import Call
-from rlcore.gateway.schema import ApiError, ChatBody, CompletionBody, Message, Sampled
+from rlcore.gateway.schema import ApiError, ChatBody, CompletionBody, Message, SamplingBody
 from rlcore.rollout.agent.chat import ChatRenderer, ToolCallFormat
 from rlcore.rollout.base import SamplingParams
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Limits:
+class SamplingLimits:
     """What bounds a request's sampling."""
 
     max_context: int
@@ -95,7 +95,7 @@ def text_prompt(tokenizer: Any, body: CompletionBody) -> list[int]:
     return list(tokenizer(body.prompt, add_special_tokens=True)["input_ids"])
 
 
-def refuse_unsupported(body: Sampled) -> None:
+def refuse_unsupported(body: SamplingBody) -> None:
     """400 for what this gateway does not sample (see `rlcore.gateway.schema`)."""
     if body.stream:
         raise ApiError(400, "stream: streaming is not supported by the rlcore gateway", "stream")
@@ -110,7 +110,7 @@ def refuse_unsupported(body: Sampled) -> None:
         raise ApiError(400, "messages: only text content parts are supported", "messages")
 
 
-def sampling_of(body: Sampled, prompt_length: int, limits: Limits, *, field: str) -> SamplingParams:
+def sampling_of(body: SamplingBody, prompt_length: int, limits: SamplingLimits, *, field: str) -> SamplingParams:
     """The engine's SamplingParams for `body`; 400 when the prompt (`field`) leaves no room in the context or
     `n` is over `limits.max_n`."""
     room = limits.max_context - prompt_length

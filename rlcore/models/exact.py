@@ -13,7 +13,7 @@ experiments/README.md, "Bitwise on-policy"); what exact mode does about each:
   decode step multiplied by oneDNN's packed kernel, which sums in another order again. Exact mode runs
   every product through one kernel on both sides (`product`): oneDNN's packed product (a weight packed once
   per trainer forward and per `generate`; row-invariant from 2 rows on AVX2 and AVX-512 CPUs, and faster
-  than MKL's sgemm at every row count measured), its rows laid out as `exact_kernels.Rows` says: on at
+  than MKL's sgemm at every row count measured), its rows laid out as `exact_kernels.KernelRows` says: on at
   least `MIN_ROWS` rows, or where this CPU's kernels block rows by their count (bf16 on AMX), in fixed
   tiles. Which layout holds is measured for the model's shapes before it runs (`exact_check.calibrate`);
   where none does, `make_exact` refuses in one line naming the CPU's instructions. Inside the trainer's Hugging Face forward the
@@ -71,6 +71,7 @@ from torch import Tensor, nn
 
 from rlcore import columns
 from rlcore.batch import Batch
+from rlcore.dist.attention import has_switch, set_attention
 from rlcore.models.exact_check import calibrate
 from rlcore.models.exact_kernels import (
     BLOCK,
@@ -353,7 +354,7 @@ def _rotary(model: nn.Module) -> nn.Module | None:
 def why_not_exact(model: nn.Module) -> str | None:
     """Why exact mode cannot run `model` (one phrase), or None."""
     config = getattr(model, "config", None)
-    if config is None or not hasattr(config, "_attn_implementation"):
+    if config is None or not has_switch(config):
         return f"{type(model).__name__} is not a transformers model"
     family = family_of(model)
     why = family.refusal("exact")
@@ -377,7 +378,7 @@ def make_exact(model: nn.Module) -> nn.Module:
         return model
     calibrate(model)  # this CPU's row layout for the model's products, or ValueError
     _register()
-    model.set_attn_implementation(EXACT_ATTENTION)
+    set_attention(model, EXACT_ATTENTION)
     rotary = _rotary(model)
     rotary.forward = RotaryTable(rotary)
     tower = vision_tower(model)

@@ -23,10 +23,10 @@ import torch
 from torch import Tensor, nn
 
 from rlcore.models import exact_kernels
-from rlcore.models.exact_kernels import BLOCK, Rows, batched_product, packed_or_plain, product
+from rlcore.models.exact_kernels import BLOCK, KernelRows, batched_product, packed_or_plain, product
 from rlcore.models.onednn import cpu_isa
 
-CANDIDATES = (Rows(floor=16), Rows(tile=64), Rows(tile=16))
+CANDIDATES = (KernelRows(floor=16), KernelRows(tile=64), KernelRows(tile=16))
 """The layouts tried, cheapest first: one call on at least 16 rows (no extra work past 16 rows), then
 fixed tiles of 64 rows, then of 16 (every call one shape: invariant unless a row's place in the call
 matters; 64 first, where rows 64 and more agreed on AMX, and fewer calls in a trainer's forward)."""
@@ -76,7 +76,7 @@ def products_of(model: nn.Module) -> dict[tuple[torch.dtype, torch.device], set[
     return found
 
 
-def choose(dtype: torch.dtype, device: torch.device, shapes: set[tuple[int, int, bool]]) -> Rows:
+def choose(dtype: torch.dtype, device: torch.device, shapes: set[tuple[int, int, bool]]) -> KernelRows:
     """The first of CANDIDATES under which every one of `shapes` is row-invariant, or ValueError."""
     ordered = sorted(shapes)
     for rows in CANDIDATES:
@@ -106,7 +106,7 @@ def _way_out(dtype: torch.dtype) -> str:
 
 
 def row_invariant(
-    rows: Rows, n: int, k: int, dtype: torch.dtype, device: torch.device, *, batched: bool
+    rows: KernelRows, n: int, k: int, dtype: torch.dtype, device: torch.device, *, batched: bool
 ) -> bool:
     """Whether, under `rows`, each row of a REFERENCE_ROWS-row product by a random (n, k) weight has the same
     bits in products of ROW_COUNTS rows taken at the reference's start and end (measured once per kernel)."""
@@ -116,7 +116,7 @@ def row_invariant(
     return _VERDICTS[key]
 
 
-def _case(rows: Rows, n: int, k: int, dtype: torch.dtype, device: torch.device,
+def _case(rows: KernelRows, n: int, k: int, dtype: torch.dtype, device: torch.device,
           batched: bool) -> tuple[Callable[[Tensor], Tensor], Tensor]:  # fmt: skip
     """(x -> its product in `rows`, the reference x): x (REFERENCE_ROWS, k) by a packed (n, k) weight, or
     x (2, REFERENCE_ROWS, k) batched by a (2, k, n) tensor; random normal values."""

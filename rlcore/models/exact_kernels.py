@@ -6,7 +6,7 @@
 
 A kernel's bits for a row may depend on how many rows its call holds: MKL's fp32 sgemm takes another kernel
 below ~15 rows, and oneDNN's bf16 kernels on a CPU with AMX block rows 7-17 otherwise than 64 or more. So
-every product hands its rows to `kernel` in one layout, a `Rows` per dtype (`ROWS`): at least 16 rows
+every product hands its rows to `kernel` in one layout, a `KernelRows` per dtype (`ROWS`): at least 16 rows
 (zeros appended), or fixed tiles of rows, each call the same shape. Which layout holds on this CPU, for a
 model's shapes, is measured before the model runs (`rlcore.models.exact_check.calibrate`). oneDNN's packed
 product is row-invariant from 2 rows on AVX2 and AVX-512 CPUs (MKL's sgemm from ~15) and faster than MKL's
@@ -39,7 +39,7 @@ multiple a prompt's padded width is rounded to (`exact.aligned_prompt_width`).""
 
 
 @dataclasses.dataclass(frozen=True)
-class Rows:
+class KernelRows:
     """How exact mode hands a product's rows to its kernel, so that a row's bits depend on that row alone.
 
     `tile` None: one call on all the rows, at least `floor` of them (zeros appended). `tile` set: every call
@@ -66,13 +66,13 @@ class Rows:
         return fn(*(_pad_rows(x, dim, size) for x in xs)).narrow(dim, 0, m)
 
 
-DEFAULT_ROWS = Rows()
-ROWS: dict[torch.dtype, Rows] = {}
+DEFAULT_ROWS = KernelRows()
+ROWS: dict[torch.dtype, KernelRows] = {}
 """The layout per dtype for this process (`rows_for`), set by `exact_check.calibrate` to one that it
 measured row-invariant on this CPU; DEFAULT_ROWS where none was set."""
 
 
-def rows_for(dtype: torch.dtype) -> Rows:
+def rows_for(dtype: torch.dtype) -> KernelRows:
     """The layout products in `dtype` run in (`ROWS`)."""
     return ROWS.get(dtype, DEFAULT_ROWS)
 
@@ -124,7 +124,7 @@ def stacks_exactly(k: int, widths: tuple[int, ...], dtype: torch.dtype, device: 
 
 
 @functools.cache
-def _stacks_exactly(k: int, widths: tuple[int, ...], dtype: torch.dtype, device: torch.device, rows: Rows) -> bool:
+def _stacks_exactly(k: int, widths: tuple[int, ...], dtype: torch.dtype, device: torch.device, rows: KernelRows) -> bool:
     generator = torch.Generator(device).manual_seed(0)
     weights = [torch.randn((n, k), generator=generator, device=device).to(dtype) for n in widths]
     x = torch.randn((MIN_ROWS, k), generator=generator, device=device).to(dtype)
@@ -132,7 +132,7 @@ def _stacks_exactly(k: int, widths: tuple[int, ...], dtype: torch.dtype, device:
     return torch.equal(stacked, torch.cat([product(x, packed_or_plain(w)) for w in weights], dim=-1))
 
 
-def product(x: Tensor, weight: Tensor, bias: Tensor | None = None, rows: Rows | None = None) -> Tensor:
+def product(x: Tensor, weight: Tensor, bias: Tensor | None = None, rows: KernelRows | None = None) -> Tensor:
     """x W^T + b, (..., K) -> (..., N): exact mode's one product, for the trainer's forward and the engine's
     step alike, its rows handed to `kernel` in the layout `rows` (default: `rows_for(x.dtype)`).
     `weight`: from `packed_or_plain`, so the same weight takes the same kernel on both sides."""
@@ -220,7 +220,7 @@ def fold(parts: list[Tensor]) -> Tensor:
     return total
 
 
-def batched_product(a: Tensor, b: Tensor, rows: Rows | None = None) -> Tensor:
+def batched_product(a: Tensor, b: Tensor, rows: KernelRows | None = None) -> Tensor:
     """a @ b (batched), a's rows (dim -2) in the layout `rows` (default: `rows_for(a.dtype)`)."""
     return (rows or rows_for(a.dtype)).apply(lambda r: r @ b, a, dim=-2)
 

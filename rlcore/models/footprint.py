@@ -1,8 +1,8 @@
 """How much memory a run's model needs, estimated from its config alone (no weights load).
 
     shape = Shape.of(config)                                    # parameters and layer widths, meta device
-    est = estimate(shape, Setup(dtype_bytes=4, lora_rank=0, micro_tokens=512, rollout_rows=64,
-                                rollout_tokens=560, checkpointing=False))
+    est = estimate(shape, FootprintSetup(dtype_bytes=4, lora_rank=0, micro_tokens=512, rollout_rows=64,
+                                        rollout_tokens=560, checkpointing=False))
     est.peak, est.parts                                          # bytes; {"weights": ..., "activations": ...}
     tokens = micro_tokens_within(shape, budget=2 * 2**30, compute_bytes=4, checkpointing=False)
 
@@ -88,7 +88,7 @@ class Shape:
 
 
 @dataclasses.dataclass(frozen=True)
-class Setup:
+class FootprintSetup:
     """The run's choices the estimate depends on."""
 
     dtype_bytes: int
@@ -139,7 +139,7 @@ def micro_tokens_within(
     return max(1, budget // activation_bytes_per_token(shape, compute_bytes, checkpointing, selective))
 
 
-def estimate(shape: Shape, setup: Setup) -> Estimate:
+def estimate(shape: Shape, setup: FootprintSetup) -> Estimate:
     """The run's peak memory in bytes, and its parts (module docstring)."""
     trained = shape.lora_params(setup.lora_rank) if setup.lora_rank else shape.params
     moments = 8 if setup.dtype_bytes == 4 or setup.lora_rank else 2 * setup.dtype_bytes

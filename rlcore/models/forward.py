@@ -46,6 +46,7 @@ from torch.utils.checkpoint import checkpoint
 from rlcore.batch import Batch
 from rlcore.columns import cut_columns
 from rlcore.data.vision import response_rope_positions
+from rlcore.dist.attention import CUSTOM_MASK, attention_of
 from rlcore.dist.fsdp import model_mesh
 from rlcore.dist.reduce import all_reduce_int
 from rlcore.dist.tp import vocab_group, vocab_parallel_entropy, vocab_parallel_logprobs
@@ -187,7 +188,7 @@ def _row_routes(routes: tuple[Tensor, Tensor] | None) -> Tensor | None:
 def _packable_hidden(model: nn.Module) -> int | None:
     """The hidden size when `model` takes a custom 4D mask (sdpa or eager attention), else None."""
     config = getattr(model, "config", None)
-    if getattr(config, "_attn_implementation", None) not in ("sdpa", "eager", EXACT_ATTENTION):
+    if attention_of(config) not in (*CUSTOM_MASK, EXACT_ATTENTION):
         return None
     return getattr(config, "hidden_size", None)
 

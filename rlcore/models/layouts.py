@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import Tensor, nn
 
+from rlcore.dist.attention import attention_of
 from rlcore.dist.ulysses import SequenceLayout, gather_sequence, sp_group
 from rlcore.models.moe import router_tap
 from rlcore.models.vision import Images, feeding
@@ -180,7 +181,7 @@ def _additive(allowed: Tensor, dtype: torch.dtype) -> Tensor:
 
 def packed_mask(model: nn.Module, inputs: ModelInputs) -> Tensor:
     """The packed inputs' 4D mask as `model`'s attention takes it: bool (sdpa), additive float (eager)."""
-    if model.config._attn_implementation == "eager":
+    if attention_of(model) == "eager":
         return _additive(inputs.attention_mask, next(model.parameters()).dtype)
     return inputs.attention_mask
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -262,6 +262,12 @@ def adapter_params(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
     for name, p in model.named_parameters():
         if ".lora_" in name:
             yield name, p
+
+
+def push_state(model: nn.Module) -> Callable[[nn.Module], Iterator[tuple[str, Tensor]]] | None:
+    """What a weight push of `model` sends: a LoRA policy's adapter tensors only (the receivers hold the
+    base), else everything (None)."""
+    return adapter_params if is_lora(model) else None
 
 
 def adapter_state(model: nn.Module) -> dict[str, Tensor]:

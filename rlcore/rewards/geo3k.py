@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from rlcore.data.answers import closing_brace
 from rlcore.rewards import prm800k
-from rlcore.rewards.math_reward import closing_brace
 
 FORMAT_WEIGHT = 0.1
 _FORMAT = re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)

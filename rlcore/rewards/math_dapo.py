@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rlcore.rewards.math_reward import closing_brace
+from rlcore.data.answers import closing_brace
 
 TAIL_CHARS = 300
 """verl reads the last 300 characters (the longest MATH-500 answer has 159)."""

@@ -37,8 +37,8 @@ import re
 import warnings
 from typing import Any
 
+from rlcore.data.answers import last_box_span
 from rlcore.rewards import prm800k
-from rlcore.rewards.math_reward import last_box_span
 
 DATA_SOURCES = tuple(f"numina_{name}" for name in ("aops_forum", "synthetic_math", "amc_aime", "synthetic_amc",
                                                    "cn_k12", "olympiads"))  # fmt: skip

@@ -24,8 +24,10 @@ from rlcore.batch import Batch
 from rlcore.models.forward import micro_batches, model_inputs
 from rlcore.models.layouts import adapted, layout_of
 from rlcore.models.policy import load_policy
+from rlcore.plan import UpdatePlan
 from rlcore.pure.masks import masked_mean, masked_sum, masked_var
-from rlcore.step.update import NORMS, ModelState, UpdatePlan, run_updates
+from rlcore.state import ModelState
+from rlcore.step.update import NORMS, run_updates
 
 
 class ValueModel(nn.Module):

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -42,26 +42,17 @@ import torch.distributed as dist
 
 from rlcore.algorithm import Algorithm
 from rlcore.data.prompts import pad_token_id
-from rlcore.dist.delta import PushCopy, encode_all
+from rlcore.dist import push
+from rlcore.dist.delta import PushCopy
 from rlcore.dist.reduce import all_reduce_int, reduce_metrics
-from rlcore.dist.stream import WeightPush
-from rlcore.dist.transfer import (
-    broadcast_delta,
-    broadcast_weights,
-    group_device,
-    json_tensor,
-    receive_delta,
-    receive_weights,
-    recv_batch,
-    send_batch,
-    tensor_json,
-)
+from rlcore.dist.transfer import group_device, json_tensor, recv_batch, send_batch, tensor_json
+from rlcore.models.lora import push_state
 from rlcore.plan import StepPlan
 from rlcore.state import Rollout, TrainState
 from rlcore.step.collect import due, generate
 from rlcore.step.partial import tagged
 from rlcore.step.steps import concat_rollouts
-from rlcore.step.weights import push_state
+from rlcore.step.weights import into_engine
 
 if TYPE_CHECKING:
     from rlcore.step.handles import Handles
@@ -139,47 +130,30 @@ def push_weights(
     weights did not change, e.g. an empty step). Every trainer rank calls it. In stream mode the leader
     does not wait for the rollout ranks to receive it (`h.outbox` keeps it until they have). With `base`
     (--pipeline.push delta; lag mode) the leader sends deltas against it, the copy of what it pushed last,
-    and keeps what it pushes now in it (the other trainer ranks' `base` stays empty)."""
-    if base is not None and stream:
-        raise ValueError("delta pushes need lag mode: the leader waits for the rollout ranks' checksums")
+    and keeps what it pushes now in it (the other trainer ranks' `base` stays empty). The protocol:
+    `rlcore.dist.push`."""
     p = h.placement
-    leads = dist.get_rank() == p.leader
-    started = time.perf_counter()
-    if leads:  # lag mode: blocks until the rollout ranks take it, which they do when their schedule needs it
-        announce = torch.tensor([step, version, int(model is not None)], device=group_device(p.push))
-        h.outbox.add([w for w in [dist.broadcast(announce, p.leader, group=p.push, async_op=stream)] if w])
-    waited = {"pipeline/push_wait_s": time.perf_counter() - started}
-    if model is None:
+    state = push_state(model) if model is not None else None
+    sent = push.send_push(model, step=step, version=version, src=p.leader, group=p.push,
+                          bucket_bytes=bucket_bytes, state=state, base=base, async_op=stream,
+                          corrupt=lambda records: h.hooks.corrupt_delta(step, records))  # fmt: skip
+    if sent.works:  # the leader in stream mode: the sends still in flight
+        h.outbox.add(list(sent.works))
+    return _push_metrics(sent, leads=dist.get_rank() == p.leader)
+
+
+def _push_metrics(sent: push.PushSent, *, leads: bool) -> dict[str, float]:
+    waited = {"pipeline/push_wait_s": sent.announce_s}
+    if not sent.note.changed:
         return {"sync/bytes": 0.0, "sync/full_bytes": 0.0, "sync/tensors": 0.0} | waited
-    state = push_state(model)  # LoRA: the adapter tensors only; the rollout ranks hold the base
-    with WeightPush(model, bucket_bytes=bucket_bytes, all_ranks=True, state=state) as push:
-        if leads and base is not None:
-            return _push_delta(push, h, step=step, base=base) | waited
-        if leads:
-            h.outbox.add(
-                broadcast_weights(model, push, src=p.leader, group=p.push, async_op=stream, state=state)
-            )
-        else:
-            for _ in push:  # the gathers are collectives of the trainer ranks; only the leader sends
-                pass
-    if base is not None:  # what was sent is the leader's account (the ranks' mean of a key only it has)
-        return {"sync/tensors": float(push.tensors)} | waited
-    full = float(push.bytes)
-    return {"sync/bytes": full, "sync/full_bytes": full, "sync/tensors": float(push.tensors)} | waited
-
-
-def _push_delta(push: WeightPush, h: Handles, *, step: int, base: PushCopy) -> dict[str, float]:
-    """The leader's delta push of `push`'s tensors against `base`, which holds them afterwards."""
-    new = {name: t.detach().to("cpu", copy=True).contiguous() for name, t in push}
-    started = time.perf_counter()
-    records = encode_all(new, base.tensors)
-    records = h.hooks.corrupt_delta(step, records)  # test-only (RLCORE_TEST_CORRUPT_DELTA)
-    encoded = time.perf_counter() - started
-    sent = broadcast_delta(records, new, src=h.placement.leader, group=h.placement.push)
-    base.replace(new)
+    if sent.note.kind != "delta":
+        return {"sync/bytes": float(sent.bytes), "sync/full_bytes": float(sent.full_bytes),
+                "sync/tensors": float(sent.tensors)} | waited  # fmt: skip
+    if not leads:  # what was sent is the leader's account (the ranks' mean of a key only it has)
+        return {"sync/tensors": float(sent.tensors)} | waited
     return {"sync/bytes": float(sent.bytes), "sync/full_bytes": float(sent.full_bytes),
-            "sync/delta_fallbacks": float(sent.fallbacks), "sync/tensors": float(push.tensors),
-            "sync/encode_s": encoded}  # fmt: skip
+            "sync/delta_fallbacks": float(sent.fallbacks), "sync/tensors": float(sent.tensors),
+            "sync/encode_s": sent.encode_s} | waited  # fmt: skip
 
 
 class Inbox:
@@ -191,7 +165,7 @@ class Inbox:
         self._h, self._work, self._buffer = h, None, None
 
     def post(self) -> None:
-        self._buffer = torch.zeros(3, dtype=torch.int64, device=group_device(self._h.placement.push))
+        self._buffer = push.Announcement.buffer(group_device(self._h.placement.push))
         self._work = dist.broadcast(
             self._buffer, self._h.placement.leader, group=self._h.placement.push, async_op=True
         )
@@ -199,45 +173,28 @@ class Inbox:
     def arrived(self) -> bool:
         return self._work is not None and self._work.is_completed()
 
-    def take(self) -> torch.Tensor:
+    def take(self) -> push.Announcement:
         assert self._work is not None
         self._work.wait()
         self._work = None
-        return self._buffer.cpu()
+        return push.Announcement.from_tensor(self._buffer)
 
 
 def receive_push(
-    state: TrainState, h: Handles, announce: torch.Tensor | None = None, mirror: PushCopy | None = None
+    state: TrainState, h: Handles, note: push.Announcement | None = None, mirror: PushCopy | None = None
 ) -> tuple[TrainState, float]:
-    """Wait for the trainer's next push (its announcement, unless already received: `announce`) and load
+    """Wait for the trainer's next push (its announcement, unless already received: `note`) and load
     its weights into the engine, as one update; the state at its step and version, without the batches
     trained by then; and the seconds waited. With `mirror` (--pipeline.push delta) the push is a delta
     against it, what this rank last received: decoded and checked whole (a full push replaces it where
     any rollout rank's checksum disagrees) before the engine loads it, and kept in it."""
     p, started = h.placement, time.perf_counter()
-    if announce is None:
-        announce = torch.zeros(3, dtype=torch.int64, device=group_device(p.push))
-        dist.broadcast(announce, p.leader, group=p.push)
+    if note is None:
+        note = push.receive_announcement(src=p.leader, group=p.push)
     waited = time.perf_counter() - started
-    step, version, has_weights = announce.cpu().tolist()
-    if has_weights and mirror is None:
-        _load(h, receive_weights(src=p.leader, group=p.push))
-    elif has_weights:
-        tensors, _ = receive_delta(mirror.tensors, src=p.leader, group=p.push)
-        mirror.replace(tensors)
-        _load(h, iter(tensors.items()))
-    pending = tuple(r for r in state.pending if r.step > step)
-    return dataclasses.replace(state, step=step, policy_version=version, pending=pending), waited
-
-
-def _load(h: Handles, stream: Iterator[tuple[str, torch.Tensor]]) -> None:
-    """One update of this rank's engine from all of `stream`."""
-    if h.relay is not None:  # a LoRA policy: the adapter lands in this rank's copy, then in the engine
-        h.relay.load(h.engine, stream)
-    else:
-        h.engine.load_weights(stream)
-    if sum(1 for _ in stream):  # read the rest, so the broadcasts stay matched; then refuse
-        raise RuntimeError("the engine's load_weights left tensors of the push unread")
+    push.receive_push(note, into_engine(h.engine, h.relay), src=p.leader, group=p.push, mirror=mirror)
+    pending = tuple(r for r in state.pending if r.step > note.step)
+    return dataclasses.replace(state, step=note.step, policy_version=note.version, pending=pending), waited
 
 
 # ---------------------------------------------------------------- validation: rollout rank 0 -> leader

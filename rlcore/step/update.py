@@ -53,46 +53,9 @@ from rlcore.dist.reduce import all_reduce, mesh_size
 from rlcore.models.footprint import SavedBytes
 from rlcore.models.forward import aligned_micro_batches
 from rlcore.models.moe import router_tap
+from rlcore.plan import UpdatePlan
+from rlcore.state import ModelState
 from rlcore.step.actor_loss import NORMS, actor_micro_loss, needed_fields  # noqa: F401  (NORMS: imported from here)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ModelState:
-    """A trained model with its optimizer and schedule (the actor's or the critic's); replaced, never
-    mutated, by `run_updates`.
-
-    The model's parameters and the optimizer's state change in place (`optimizer.step()`): the one
-    documented exception to immutability.
-    """
-
-    model: nn.Module
-    """A plain module (1 process) or an FSDP2-sharded one."""
-    optimizer: Optimizer
-    """AdamW over the model's parameters (`build_optimizer`)."""
-    scheduler: LRScheduler
-    """Learning-rate schedule, stepped once per optimizer update (`build_scheduler`)."""
-    step: int = 0
-    """`run_updates` calls so far (training steps that updated this model)."""
-    bad_updates: int = 0
-    """Consecutive optimizer updates skipped for a non-finite loss or gradient norm."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class UpdatePlan:
-    """How one step's batch becomes optimizer updates (the same plan drives actor and critic)."""
-
-    ppo_epochs: int = 1
-    """Passes over the batch."""
-    mini_batch_size: int | None = None
-    """Prompts per optimizer update over all ranks (None: the whole batch)."""
-    micro_batch_size: int = 64
-    """Rows per forward/backward (gradient accumulation inside a mini-batch)."""
-    max_tokens_per_micro_batch: int | None = None
-    """A token budget per micro-batch instead of a row count."""
-    share_prompts: bool = True
-    """Compute each prompt once for its samples (packed forwards) where it pays."""
-    grad_clip: float = 1.0
-    """Clip the global gradient norm to this (0: off)."""
 
 
 def build_optimizer(

@@ -1,11 +1,12 @@
 """Weights from the trained policy into a rollout engine: `push_weights` (one update of the engine per
-call, bucketed), `engine_holds` (whether the engine samples with the policy's current weights), and
-`push_state` / `AdapterRelay` (what a push sends between the roles of split placement, and a LoRA
-rollout rank's end of it)."""
+call, bucketed), `engine_holds` (whether the engine samples with the policy's current weights), and a
+rollout rank's end of split placement's pushes (`rlcore.dist.push`): `into_engine`, through an
+`AdapterRelay` for a LoRA policy."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -56,20 +57,13 @@ def _lora_state(model: nn.Module, target: nn.Module | None) -> Any:
     return adapter_params if target is not None and is_lora(target) else merged_state
 
 
-def push_state(model: nn.Module) -> Callable[[nn.Module], Iterable[tuple[str, torch.Tensor]]] | None:
-    """What a push between ranks sends of `model`: a LoRA policy's adapter tensors only (the other side
-    holds the base), else everything (None)."""
-    from rlcore.models.lora import adapter_params, is_lora
-
-    return adapter_params if is_lora(model) else None
-
-
 @dataclasses.dataclass(frozen=True)
 class AdapterRelay:
     """A rollout rank's copy of a LoRA policy (split placement): the trainer's pushes carry the adapter
-    tensors only (`push_state`); they land in `model` (the base with the same adapter layers), and the
-    engine is refreshed from it exactly as a colocated engine is from the trained module (`push_weights`:
-    the merged weights into the native engine's plain copy, the adapter as a LoRA request into vLLM)."""
+    tensors only (`rlcore.models.lora.push_state`); they land in `model` (the base with the same adapter
+    layers), and the engine is refreshed from it exactly as a colocated engine is from the trained module
+    (`push_weights`: the merged weights into the native engine's plain copy, the adapter as a LoRA
+    request into vLLM)."""
 
     model: nn.Module
     bucket_bytes: int
@@ -80,6 +74,14 @@ class AdapterRelay:
 
         load_named(self.model, named_tensors)
         push_weights(self.model, engine, bucket_bytes=self.bucket_bytes)
+
+
+def into_engine(
+    engine: RolloutEngine, relay: AdapterRelay | None
+) -> Callable[[Iterable[tuple[str, torch.Tensor]]], None]:
+    """How a rollout rank of split placement loads a push into `engine` (one update): directly, or for a
+    LoRA policy through its `relay`."""
+    return engine.load_weights if relay is None else functools.partial(relay.load, engine)
 
 
 def engine_holds(model: nn.Module, engine: RolloutEngine) -> bool | None:

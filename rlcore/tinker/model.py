@@ -25,9 +25,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from configs import Config, ConfigError, ModelConfig, RolloutConfig, TrainerConfig
 from rlcore.data.prompts import pad_token_id
 from rlcore.dist.checkpoint import load_checkpoint, save_checkpoint
+from rlcore.models.specs import EngineSpec, ModelSpec, SpecError
 from rlcore.step.update import build_optimizer, grad_norm
 from rlcore.tinker.errors import UserError
 from rlcore.tinker.limits import Deadline, Limits, check_rank
@@ -63,32 +63,34 @@ class ServeOptions:
     """What one client may ask of the server (`rlcore.tinker.limits`)."""
 
 
-def run_config(base_model: str, lora_rank: int, options: ServeOptions) -> Config:
-    """The rlcore Config a model of the server is built from (train.py's builders read it)."""
+def model_specs(base_model: str, lora_rank: int, options: ServeOptions) -> tuple[ModelSpec, EngineSpec]:
+    """What a model of the server and its engine are built from (as train.py builds its policy and native engine):
+    the base, LoRA of `lora_rank` (none with `full_finetune`), the server's dtype, alpha and seed."""
     rank = 0 if options.full_finetune else lora_rank
-    return Config(model=ModelConfig(path=base_model, lora_rank=rank, dtype=options.dtype, lora_alpha=options.lora_alpha),
-                  rollout=RolloutConfig(engine="native"), trainer=TrainerConfig(seed=options.seed, device="auto"))  # fmt: skip
+    model = ModelSpec(path=base_model, dtype=options.dtype, seed=options.seed, lora_rank=rank,
+                      lora_alpha=options.lora_alpha)  # fmt: skip
+    return model, EngineSpec(kind="native", seed=options.seed)
 
 
 class TrainedModel:
     """One trained model and its engine (module docstring)."""
 
     def __init__(self, model_id: str, base_model: str, lora_rank: int, options: ServeOptions, placement: Any) -> None:
+        from rlcore.models.build import build_policy, load_tokenizer_of
         from rlcore.models.fields import takes_images
         from rlcore.models.policy import context_length
-        from rlcore.trainer import models
 
         check_rank(lora_rank, options.limits)
         check_base_model(base_model, options.limits.model_roots)
         self.model_id, self.base_model, self.options, self.placement = model_id, base_model, options, placement
-        self.cfg = run_config(base_model, lora_rank, options)
-        self.lora_rank = self.cfg.model.lora_rank
+        self.spec, self.engine_spec = model_specs(base_model, lora_rank, options)
+        self.lora_rank = self.spec.lora_rank
         try:
-            self.tokenizer = models.tokenizer_of(self.cfg)
-            self.model = models.build_policy(self.cfg, placement) if placement.trains else None
-            self.engine, self.relay = self._engine(models) if placement.generates else (None, None)
-        except ConfigError as e:
-            raise UserError(f"base_model {base_model!r}: {str(e).removeprefix('--model.path: ')}") from None
+            self.tokenizer = load_tokenizer_of(self.spec)
+            self.model = build_policy(self.spec, placement) if placement.trains else None
+            self.engine, self.relay = self._engine() if placement.generates else (None, None)
+        except SpecError as e:
+            raise UserError(f"base_model {base_model!r}: {e}") from None
         module = self.model if self.model is not None else self.engine.module
         if takes_images(module):
             raise UserError(f"base_model {base_model!r} is a vision-language model; this server trains text models")
@@ -100,24 +102,25 @@ class TrainedModel:
         self.version = 0
         self.engine_version: int | None = None
 
-    def _engine(self, models: Any) -> tuple[Any, Any]:
+    def _engine(self) -> tuple[Any, Any]:
         """(the engine over its own copy of the weights, and on a rollout rank of a LoRA policy the copy's
         relay for pushed adapters); a LoRA or sharded policy's engine has its own copy already."""
         from rlcore.dist.fsdp import model_mesh
+        from rlcore.models.build import build_engine_copy
+        from rlcore.rollout.build import build_engine
         from rlcore.step.weights import AdapterRelay
 
+        local = self.placement.local
         if self.placement.role == "rollout":  # split: the copy the pushes land in
-            copy = models.build_engine_copy(self.cfg, self.placement.local)
+            copy = build_engine_copy(self.spec, local)
             relay = AdapterRelay(copy, bucket_bytes=self._bucket()) if self.lora_rank > 0 else None
-            return models.build_engine(self.cfg, copy, self.tokenizer, self.placement.local), relay
+            return build_engine(self.spec, self.engine_spec, copy, self.tokenizer, local), relay
         shares = self.lora_rank > 0 or model_mesh(self.model) is not None
-        source = self.model if shares else models.build_engine_copy(self.cfg, self.placement.local)
-        return models.build_engine(self.cfg, source, self.tokenizer, self.placement.local), None
+        source = self.model if shares else build_engine_copy(self.spec, local)
+        return build_engine(self.spec, self.engine_spec, source, self.tokenizer, local), None
 
     def _bucket(self) -> int:
-        from rlcore.trainer.algorithm import sync_bucket_bytes
-
-        return sync_bucket_bytes(self.cfg)
+        return self.engine_spec.bucket_bytes
 
     @property
     def device(self) -> torch.device:

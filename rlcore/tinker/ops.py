@@ -15,7 +15,6 @@ import functools
 import logging
 import queue
 import threading
-import time
 import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 import torch.distributed as dist
 
 from rlcore.dist.memory import give_back
+from rlcore.rollout.worker import after_last, gather
 from rlcore.tinker import split
 from rlcore.tinker.errors import UserError
 from rlcore.tinker.futures import Futures, Result
@@ -36,7 +36,8 @@ from rlcore.tinker.wire import ForwardBackward, encode_forward_backward
 log = logging.getLogger("rlcore.tinker")
 PING_S = 30.0
 LINGER_S = 0.01
-"""How long the worker waits for more sample requests before it starts a `generate` (they arrive together)."""
+"""How long the worker waits for more sample requests after each one before it starts a `generate` (the SDK
+sends a batch of them together; `rlcore.rollout.worker.gather`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +100,7 @@ class Sampler:
     path: str | None
 
 
-class Served:
+class TinkerModels:
     """What every rank holds: the models by id (and, on rank 0, the sampling sessions: the newest
     --max-sampling-sessions of them)."""
 
@@ -167,29 +168,29 @@ class Served:
         return run_samples(model.engine, model.pad_id, ops, Deadline.start(self.options.limits))
 
 
-def _create(s: Served, op: CreateModel) -> Result:
+def _create(s: TinkerModels, op: CreateModel) -> Result:
     if op.model_id not in s.models:
         check_models(len(s.models), s.options.limits)
         s.models[op.model_id] = TrainedModel(op.model_id, op.base_model, op.lora_rank, s.options, s.placement)
     return Result(json={"model_id": op.model_id, "type": "create_model"})
 
 
-def _fwdbwd(s: Served, op: FwdBwd) -> Result:
+def _fwdbwd(s: TinkerModels, op: FwdBwd) -> Result:
     r = op.request
     rows, metrics = s.model(r.model_id).forward_backward(r.data, r.loss_fn, r.config, forward_only=r.forward_only,
                                                          deadline=Deadline.start(s.options.limits))  # fmt: skip
     return Result(proto=encode_forward_backward([{"logprobs": lp} for lp in rows], metrics))
 
 
-def _optim(s: Served, op: OptimStep) -> Result:
+def _optim(s: TinkerModels, op: OptimStep) -> Result:
     return Result(json={"metrics": s.model(op.model_id).optim_step(op.adam), "type": "optim_step"})
 
 
-def _save(s: Served, op: SaveState) -> Result:
+def _save(s: TinkerModels, op: SaveState) -> Result:
     return Result(json={"path": s.model(op.model_id).save("weights", op.name), "type": "save_weights"})
 
 
-def _load(s: Served, op: LoadState) -> Result:
+def _load(s: TinkerModels, op: LoadState) -> Result:
     directory = s.state_dir(op.path)
     if op.create and op.model_id not in s.models:
         check_models(len(s.models), s.options.limits)
@@ -200,7 +201,7 @@ def _load(s: Served, op: LoadState) -> Result:
     return Result(json={"path": op.path, "model_id": op.model_id, "type": "load_weights"})
 
 
-def _for_sampler(s: Served, op: SaveForSampler) -> Result:
+def _for_sampler(s: TinkerModels, op: SaveForSampler) -> Result:
     model = s.model(op.model_id)
     version = model.push()
     path = model.save("sampler_weights", op.name) if op.name is not None else None
@@ -209,11 +210,11 @@ def _for_sampler(s: Served, op: SaveForSampler) -> Result:
     return Result(json={"path": path, "sampling_session_id": op.sampler_id, "type": "save_weights_for_sampler"})
 
 
-def _nothing(s: Served, op: Any) -> None:
+def _nothing(s: TinkerModels, op: Any) -> None:
     return None
 
 
-_HANDLERS: dict[type, Callable[[Served, Any], Result | None]] = {
+_HANDLERS: dict[type, Callable[[TinkerModels, Any], Result | None]] = {
     CreateModel: _create, FwdBwd: _fwdbwd, OptimStep: _optim, SaveState: _save, LoadState: _load,
     SaveForSampler: _for_sampler, Ping: _nothing, Stop: _nothing,
 }  # fmt: skip
@@ -232,11 +233,11 @@ def _broadcast(op: Any) -> Any:
     return op
 
 
-def _run_everywhere(served: Served, op: Any) -> Result | None:
+def _run_everywhere(served: TinkerModels, op: Any) -> Result | None:
     return served.run(_broadcast(op))
 
 
-def follow(served: Served) -> None:
+def follow(served: TinkerModels) -> None:
     """Ranks other than 0: run every operation rank 0 broadcasts, until it stops."""
     while True:
         op = _broadcast(None)
@@ -253,7 +254,7 @@ def follow(served: Served) -> None:
 class Worker:
     """Rank 0's one thread that runs every operation in arrival order (module docstring)."""
 
-    def __init__(self, served: Served, futures: Futures) -> None:
+    def __init__(self, served: TinkerModels, futures: Futures) -> None:
         self.served, self.futures = served, futures
         self._queue: queue.Queue = queue.Queue()
         self._held: list = []  # an operation taken from the queue while gathering samples: it runs next
@@ -279,24 +280,12 @@ class Worker:
                 return
             request_id, op = item
             if isinstance(op, SampleOp):
-                self._samples([item, *self._more_samples()])
+                items, held = gather(self._queue, item, after_last(LINGER_S), _is_sample)
+                if held is not None:
+                    self._held.append(held)  # it runs right after these samples, before anything queued behind it
+                self._samples(items)
             else:
                 self._finish(request_id, functools.partial(_run_everywhere, self.served, op))
-
-    def _more_samples(self) -> list[tuple[str, SampleOp]]:
-        """Sample requests queued right behind the first (the SDK sends a batch of them together)."""
-        more: list = []
-        deadline = time.monotonic() + LINGER_S
-        while True:
-            try:
-                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                return more
-            if item is None or not isinstance(item[1], SampleOp):
-                self._held.append(item)  # it runs right after these samples, before anything queued behind it
-                return more
-            more.append(item)
-            deadline = time.monotonic() + LINGER_S
 
     def _samples(self, items: list[tuple[str, SampleOp]]) -> None:
         by_sampler: dict[str, list[tuple[str, SampleOp]]] = {}
@@ -319,6 +308,10 @@ class Worker:
         except Exception as e:
             result = _failure(e)
         self.futures.finish(request_id, result or Result(json={}))
+
+
+def _is_sample(item: tuple[str, Any] | None) -> bool:
+    return item is not None and isinstance(item[1], SampleOp)
 
 
 def _failure(e: Exception) -> Result:

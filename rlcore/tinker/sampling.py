@@ -1,22 +1,22 @@
 """`sample` through rlcore's engine: the requests waiting together become as few `generate` calls as
-their options allow (requests with the same sampling options and no seed share one call; a seeded
-request runs alone, so its tokens depend on its seed only), and each gets its sequences, their log-probs
-and, when asked, its prompt's log-probs under the sampler's weights. Past the operation's deadline
-(`--op-timeout-s`) the engine stops between decode steps and the requests of that batch fail in one line."""
+their options allow (`rlcore.rollout.worker.grouped` with the key `seeded_alone`: requests with the same
+sampling options and no seed share one call; a seeded request runs alone, so its tokens depend on its seed
+only), and each gets its sequences, their log-probs and, when asked, its prompt's log-probs under the
+sampler's weights. Past the operation's deadline (`--op-timeout-s`) the engine stops between decode steps
+and the requests of that batch fail in one line."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from rlcore.batch import Batch
-from rlcore.data.prompts import left_pad
 from rlcore.rollout.base import SamplingParams
 from rlcore.rollout.sampling import check_sampling
+from rlcore.rollout.worker import Sample, generate, grouped
 from rlcore.tinker.errors import UserError
 from rlcore.tinker.limits import Deadline
 from rlcore.tinker.rows import prompt_row, right_aligned, row_inputs, row_logprobs
@@ -92,34 +92,25 @@ def _stop_past(deadline: Deadline) -> Callable[[Tensor], None]:
     return check
 
 
+def seeded_alone(i: int, sampling: SamplingParams) -> Hashable:
+    """The group key of a sample request: equal options share a `generate`; a seeded request has one of its own."""
+    return ("seeded", i) if sampling.seed is not None else sampling
+
+
 def run_samples(engine: Any, pad_id: int, ops: Sequence[SampleOp], deadline: Deadline) -> list[bytes]:
     """Each request's `SampleResponse` body, in order (see the module docstring for the batching)."""
-    groups: dict[Any, list[int]] = {}
-    for i, op in enumerate(ops):
-        key = ("seeded", i) if op.sampling.seed is not None else op.sampling
-        groups.setdefault(key, []).append(i)
-    sequences: dict[int, list[Sampled]] = {}
-    for members in groups.values():
+    sequences: dict[int, list[Sample]] = {}
+    for members in grouped([op.sampling for op in ops], seeded_alone):
         with engine.each_step(_stop_past(deadline)):
-            outs = _generate(engine, pad_id, [ops[i].prompt for i in members], ops[members[0]].sampling)
+            outs = generate(engine, pad_id, [ops[i].prompt for i in members], ops[members[0]].sampling)
         sequences.update(zip(members, outs, strict=True))
-    return [encode_sample(sequences[i], _prompt_logprobs(engine, op.prompt) if op.prompt_logprobs else None)
+    return [encode_sample([_sampled(s) for s in sequences[i]],
+                          _prompt_logprobs(engine, op.prompt) if op.prompt_logprobs else None)
             for i, op in enumerate(ops)]  # fmt: skip
 
 
-def _generate(engine: Any, pad_id: int, prompts: list[tuple[int, ...]], sampling: SamplingParams) -> list[list[Sampled]]:
-    input_ids, attention_mask, position_ids = left_pad(prompts, pad_id)  # (b, p)
-    batch = Batch.from_dict({"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids})
-    out = engine.generate(batch, sampling)
-    n, rows = sampling.n, []
-    for i in range(len(prompts)):
-        seqs = []
-        for row in range(i * n, (i + 1) * n):
-            k = int(out["response_attention"][row].sum())
-            seqs.append(Sampled(tokens=out["responses"][row, :k].tolist(), logprobs=out["rollout_logprobs"][row, :k].tolist(),
-                                stop=out["finish_reason"][row] == "stop"))  # fmt: skip
-        rows.append(seqs)
-    return rows
+def _sampled(sample: Sample) -> Sampled:
+    return Sampled(tokens=list(sample.tokens), logprobs=list(sample.logprobs), stop=sample.finish_reason == "stop")
 
 
 @torch.no_grad()

@@ -21,7 +21,7 @@ from rlcore.dist.placement import place
 from rlcore.dist.rendezvous import WorldNotFormed
 from rlcore.tinker.limits import Limits
 from rlcore.tinker.model import ServeOptions
-from rlcore.tinker.ops import Served, follow
+from rlcore.tinker.ops import TinkerModels, follow
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -158,7 +158,7 @@ def serve(args: ServeArgs) -> int:
         print(f"error: --rollout-ranks {args.rollout_ranks}: {e}", file=sys.stderr)
         close_distributed()
         return 2
-    served = Served(_options(args), placement)
+    served = TinkerModels(_options(args), placement)
     try:
         if info.rank != 0:
             follow(served)
@@ -182,7 +182,7 @@ CONTENT_TYPES = frozenset({"application/json", "application/x-protobuf"})
 """The bodies the SDK sends: JSON, and protobuf to /forward_backward (a text/plain or form post is a 415)."""
 
 
-def _serve_http(args: ServeArgs, served: Served, key: str | None) -> int:
+def _serve_http(args: ServeArgs, served: TinkerModels, key: str | None) -> int:
     import uvicorn
 
     from rlcore.models.policy import BUILTIN_MODELS, BUILTIN_PREFIX

@@ -36,7 +36,7 @@ from rlcore.tinker.ops import (
     Sampler,
     SaveForSampler,
     SaveState,
-    Served,
+    TinkerModels,
     Worker,
 )
 from rlcore.tinker.sampling import SampleOp, fitted, prompt_tokens, sampling_params
@@ -65,7 +65,7 @@ _UNSERVED_SAMPLE = ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_
 class Api:
     """The state behind the endpoints: the futures, rank 0's worker, and what it serves."""
 
-    def __init__(self, served: Served, supported: list[str]) -> None:
+    def __init__(self, served: TinkerModels, supported: list[str]) -> None:
         self.served, self.supported = served, supported
         self.futures = Futures(served.options.limits.max_futures)
         self.worker = Worker(served, self.futures)
@@ -265,14 +265,14 @@ def _model_id(body: dict) -> str:
     return names.model_id(session, seq)
 
 
-def _sampler(served: Served, sampler_id: Any) -> Sampler:
+def _sampler(served: TinkerModels, sampler_id: Any) -> Sampler:
     if sampler_id not in served.samplers:
         raise UserError(f"unknown sampling session {sampler_id!r}: get one from save_weights_and_get_sampling_client "
                         f"(the newest {served.options.limits.max_sampling_sessions} are kept: --max-sampling-sessions)")  # fmt: skip
     return served.samplers[sampler_id]
 
 
-def _sample_op(served: Served, body: dict, sampler_id: Any, n: int) -> SampleOp:
+def _sample_op(served: TinkerModels, body: dict, sampler_id: Any, n: int) -> SampleOp:
     model = served.model(_sampler(served, sampler_id).model_id)
     asked = [k for k in _UNSERVED_SAMPLE if body.get(k) not in (None, 0, False)]
     if asked:

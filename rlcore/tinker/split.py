@@ -3,24 +3,22 @@ and rank 0 samples; the other ranks train (FSDP2 among themselves). What crosses
 
 - a training operation's result, from the trainer leader (the first trainer rank) to rank 0, which answers
   the request (`send_result` / `receive_result`, over the placement's `val` group);
-- a push (`save_weights_for_sampler`): the leader announces the version and whether the weights changed,
-  then broadcasts them (gathered over the trainer ranks; LoRA: the adapter tensors only) to the rollout
-  ranks, which load them into their engine (a LoRA copy first takes the adapter, then refreshes its engine
-  as a colocated push does: `rlcore.step.weights.AdapterRelay`). The same transfer as train.py's split
-  placement (`rlcore.dist.transfer`).
+- a push (`save_weights_for_sampler`): `rlcore.dist.push`, the same protocol as train.py's split
+  placement. The leader announces the version and whether the weights changed, then broadcasts them
+  (gathered over the trainer ranks; LoRA: the adapter tensors only) to the rollout ranks, which load them
+  into their engine (a LoRA copy first takes the adapter, then refreshes its engine as a colocated push
+  does: `rlcore.step.weights.AdapterRelay`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
-from rlcore.dist.mesh import group_device
-from rlcore.dist.stream import WeightPush
-from rlcore.dist.transfer import broadcast_weights, receive_weights
-from rlcore.step.weights import push_state
+from rlcore.dist import push
+from rlcore.models.lora import push_state
+from rlcore.step.weights import into_engine
 
 
 def send_result(result: Any, placement: Any) -> None:
@@ -38,32 +36,13 @@ def receive_result(placement: Any) -> Any:
 
 def push_to_rollouts(model: Any, placement: Any, *, version: int, changed: bool, bucket_bytes: int) -> None:
     """Every trainer rank: announce `version` to the rollout ranks and, when `changed`, send the weights."""
-    leads = dist.get_rank() == placement.leader
-    if leads:
-        announce = torch.tensor([version, int(changed)], device=group_device(placement.push))
-        dist.broadcast(announce, placement.leader, group=placement.push)
-    if not changed:
-        return
-    state = push_state(model)
-    with WeightPush(model, bucket_bytes=bucket_bytes, all_ranks=True, state=state) as push:
-        if leads:
-            broadcast_weights(model, push, src=placement.leader, group=placement.push, state=state)
-        else:
-            for _ in push:  # the gathers are collectives of the trainer ranks; only the leader sends
-                pass
+    push.send_push(model if changed else None, step=version, version=version, src=placement.leader,
+                   group=placement.push, bucket_bytes=bucket_bytes,
+                   state=push_state(model) if model is not None else None)  # fmt: skip
 
 
 def receive_push(engine: Any, relay: Any, placement: Any) -> int:
     """Every rollout rank: the announced version, its weights loaded into `engine` when they changed."""
-    announce = torch.zeros(2, dtype=torch.int64, device=group_device(placement.push))
-    dist.broadcast(announce, placement.leader, group=placement.push)
-    version, changed = announce.cpu().tolist()
-    if changed:
-        stream = receive_weights(src=placement.leader, group=placement.push)
-        if relay is not None:
-            relay.load(engine, stream)
-        else:
-            engine.load_weights(stream)
-        if sum(1 for _ in stream):  # read the rest, so the broadcasts stay matched; then refuse
-            raise RuntimeError("the engine's load_weights left tensors of the push unread")
-    return int(version)
+    note = push.receive_announcement(src=placement.leader, group=placement.push)
+    push.receive_push(note, into_engine(engine, relay), src=placement.leader, group=placement.push)
+    return note.version

@@ -48,9 +48,9 @@ def agent_engine(
         return engine
     r = cfg.rollout
     if files.agent is not None:
-        return gateway_agents.AgentEngine(engine, tokenizer, files.agent, concurrency=r.agent_concurrency,
-                                          timeout_s=r.agent_timeout_s, failure_score=cfg.reward.failure_score,
-                                          call_format=r.tool_format)  # fmt: skip
+        return gateway_agents.GatewayAgentEngine(engine, tokenizer, files.agent, concurrency=r.agent_concurrency,
+                                                 timeout_s=r.agent_timeout_s, failure_score=cfg.reward.failure_score,
+                                                 call_format=r.tool_format)  # fmt: skip
     env = None
     if files.env is not None:
         env = EnvOptions(cls=files.env, failure_score=cfg.reward.failure_score)

@@ -18,16 +18,19 @@ from typing import Any
 from configs import AlgoConfig, Config, CriticConfig, OptimConfig
 from rlcore.algorithm import ESTIMATOR_INPUTS, Algorithm, parameters
 from rlcore.config.algo_checks import ALGO_FIELDS, corrects
-from rlcore.config.defaults import DEFAULTS, DTYPES
+from rlcore.config.defaults import DEFAULTS
 from rlcore.gateway.agents import GIVEN
-from rlcore.plan import ForwardPlan, KLControl, RolloutPlan, Schedule, StepPlan
+from rlcore.models.specs import DTYPES, bucket_bytes
+from rlcore.plan import ForwardPlan, KLControl, RolloutPlan, Schedule, StepPlan, UpdatePlan
 from rlcore.pure.advantages import ESTIMATORS
 from rlcore.pure.distill import distill_advantages
 from rlcore.pure.losses import POLICY_LOSSES, value_loss
 from rlcore.rewards.step import OverlongPenalty
 from rlcore.rollout.base import SamplingParams
+from rlcore.state import ModelState
+from rlcore.step import optim as optimizers
+from rlcore.step.stages import stages_of
 from rlcore.step.steps import correction_step
-from rlcore.step.update import ModelState, UpdatePlan, build_optimizer, build_scheduler
 
 LIBRARY_DEFAULTS = DEFAULTS["builtin"]
 """What a config that `rlcore.config.defaults.resolve` has not filled gets here (a script calling the
@@ -39,6 +42,14 @@ def learning_rate(optim: OptimConfig, *, lora: bool = False) -> float:
     if optim.lr is not None:
         return optim.lr
     return LIBRARY_DEFAULTS.lora_lr if lora else LIBRARY_DEFAULTS.lr
+
+
+def optimizer_spec(optim: OptimConfig, *, lora: bool = False) -> optimizers.OptimizerSpec:
+    """--optim as the library's OptimizerSpec (the learning rate's default: LoRA's when `lora`)."""
+    return optimizers.OptimizerSpec(
+        lr=learning_rate(optim, lora=lora), betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay,
+        warmup_steps=optim.warmup_steps, schedule=optim.schedule, min_lr_ratio=optim.min_lr_ratio,
+    )  # fmt: skip
 
 
 def bind_flags(fn: Any, algo: AlgoConfig, **extra: Any) -> Any:
@@ -63,9 +74,11 @@ def on_policy(cfg: Config) -> bool:
 
 
 def bind(cfg: Config) -> tuple[Algorithm, StepPlan]:
-    """The run's Algorithm and StepPlan: everything a step needs from the config, bound once. `cfg` is
-    resolved (`rlcore.config.defaults.resolve`: the response length and the overlong buffer are set)."""
-    return build_algorithm(cfg), step_plan(cfg)
+    """The run's Algorithm (with its learn stages) and StepPlan: everything a step needs from the config,
+    bound once. `cfg` is resolved (`rlcore.config.defaults.resolve`: the response length and the overlong
+    buffer are set)."""
+    plan = step_plan(cfg)
+    return build_algorithm(cfg, plan), plan
 
 
 def step_plan(cfg: Config) -> StepPlan:
@@ -111,7 +124,7 @@ def schedule(cfg: Config) -> Schedule:
 
 def sync_bucket_bytes(cfg: Config) -> int:
     """--rollout.sync-bucket-mb in bytes (at least 1: one tensor per bucket)."""
-    return max(1, int(cfg.rollout.sync_bucket_mb * 2**20))
+    return bucket_bytes(cfg.rollout.sync_bucket_mb)
 
 
 def needs_ref(cfg: Config) -> bool:
@@ -119,13 +132,16 @@ def needs_ref(cfg: Config) -> bool:
     return cfg.algo.kl_coef > 0 or cfg.algo.use_kl_loss
 
 
-def build_algorithm(cfg: Config) -> Algorithm:
-    """The run's Algorithm: the --algo.adv-estimator and --algo.policy-loss entries, flags bound."""
-    return algorithm_of(cfg.algo, cfg.critic, on_policy=on_policy(cfg))
+def build_algorithm(cfg: Config, plan: StepPlan) -> Algorithm:
+    """The run's Algorithm: the --algo.adv-estimator and --algo.policy-loss entries, flags bound, and its
+    learn stages under `plan` (`rlcore.step.stages.stages_of`, the --algo.rollout-* correction among them)."""
+    algorithm = algorithm_of(cfg.algo, cfg.critic, on_policy=on_policy(cfg))
+    return dataclasses.replace(algorithm, stages=stages_of(algorithm, plan, correction=_correction(cfg.algo)))
 
 
 def algorithm_of(a: AlgoConfig, critic: CriticConfig | None = None, *, on_policy: bool) -> Algorithm:
-    """The Algorithm of --algo (and --critic's value clip) with the on-policy shortcut as given."""
+    """The Algorithm of --algo (and --critic's value clip) with the on-policy shortcut as given; its learn
+    stages are bound by `build_algorithm` (without them, `learn` runs the chain of its switches)."""
     critic = critic or CriticConfig()
     return Algorithm(
         advantage_fn=bind_flags(ESTIMATORS[a.adv_estimator], a),
@@ -136,7 +152,6 @@ def algorithm_of(a: AlgoConfig, critic: CriticConfig | None = None, *, on_policy
         kl_loss_kind=a.kl_loss_kind,
         entropy_coef=a.entropy_coef,
         tis_cap=a.tis_cap,
-        correction=_correction(a),
         correction_weights=corrects(a) and a.rollout_is is not None,
         bypass=a.bypass,
         router_aux_coef=a.router_aux_coef,
@@ -184,27 +199,17 @@ def critic_plan(cfg: Config) -> UpdatePlan:
 
 def optimizer(model: Any, optim: OptimConfig, *, lora: bool = False) -> Any:
     """AdamW with --optim's settings (the learning rate's default: LoRA's when `lora`)."""
-    return build_optimizer(
-        model,
-        lr=learning_rate(optim, lora=lora),
-        betas=optim.betas,
-        eps=optim.eps,
-        weight_decay=optim.weight_decay,
-    )
+    return optimizers.build_adamw(model, optimizer_spec(optim, lora=lora))
 
 
 def scheduler(opt: Any, optim: OptimConfig, total_updates: int) -> Any:
     """The learning-rate schedule with --optim's settings over `total_updates` optimizer updates."""
-    return build_scheduler(
-        opt, total_updates=total_updates, warmup_steps=optim.warmup_steps, schedule=optim.schedule,
-        min_lr_ratio=optim.min_lr_ratio,
-    )  # fmt: skip
+    return optimizers.build_schedule(opt, optimizer_spec(optim), total_updates)
 
 
 def model_state(model: Any, optim: OptimConfig, total_updates: int, *, lora: bool = False) -> ModelState:
     """`model` with AdamW and its schedule over `total_updates` updates, both from `optim`."""
-    opt = optimizer(model, optim, lora=lora)
-    return ModelState(model=model, optimizer=opt, scheduler=scheduler(opt, optim, total_updates))
+    return optimizers.model_state(model, optimizer_spec(optim, lora=lora), total_updates)
 
 
 def critic_optim(cfg: Config) -> OptimConfig:

@@ -32,6 +32,7 @@ from rlcore.rewards.custom import RewardSpecError
 from rlcore.rewards.dispatch import find_reward
 from rlcore.rewards.pool import RewardScorer
 from rlcore.rollout.agent.env import EnvSpecError
+from rlcore.rollout.engines import engine_kind
 from rlcore.state import TrainState
 from rlcore.step.faults import Hooks
 from rlcore.step.handles import Handles, Outbox
@@ -94,7 +95,7 @@ def build(
     engine = _engine(cfg, placement, model, tokenizer, agent_files, vision) if generates else None
     judge = None
     if judging is not None and generates:
-        with as_world(placement.rollouts if cfg.reward.judge_engine == "vllm" else None):
+        with as_world(placement.rollouts if engine_kind(cfg.reward.judge_engine).own_world else None):
             judge = judges.build_judge(cfg, judging, dist)
     critic = models.build_critic_state(cfg, placement) if algorithm.needs_critic and trains else None
     logger = _logger(cfg, defaulted, out_dir, writes=placement.writes)
@@ -143,7 +144,7 @@ def _scorer(cfg: Config, datasets: tuple[Any, Any], judging: Any) -> RewardScore
 def _engine(cfg: Config, placement: Any, model: Any, tokenizer: Any, agent_files: Any, vision: Any) -> Any:
     """The rollout engine, in the agent loop where the run has one. An in-process vLLM takes the default
     group as its world: there, the rollout ranks."""
-    with as_world(placement.rollouts if cfg.rollout.engine == "vllm" else None):
+    with as_world(placement.rollouts if engine_kind(cfg.rollout.engine).own_world else None):
         engine = models.build_engine(cfg, model, tokenizer, placement.local)
     return agents.agent_engine(cfg, engine, tokenizer, agent_files, vision)
 

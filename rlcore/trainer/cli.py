@@ -14,7 +14,7 @@ from configs import PRESETS, Config, ConfigError
 from rlcore.config.messages import condense
 
 
-class UserError(ValueError):
+class CommandLineError(ValueError):
     """Bad input from the user: printed as one line, exit code 2, no traceback."""
 
 
@@ -32,7 +32,7 @@ def parse(argv: Sequence[str]) -> Config:
     if not args or (args[0].startswith("-") and args[0] not in ("-h", "--help")):
         args = ["grpo", *args]
     if not args[0].startswith("-") and args[0] not in PRESETS:
-        raise UserError(f"unknown preset {args[0]!r}; choose one of {', '.join(PRESETS)} (or see --help)")
+        raise CommandLineError(f"unknown preset {args[0]!r}; choose one of {', '.join(PRESETS)} (or see --help)")
     if "-h" in args or "--help" in args:
         return _tyro(args)
     captured = io.StringIO()
@@ -40,9 +40,9 @@ def parse(argv: Sequence[str]) -> Config:
         with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
             return _tyro(args)
     except SystemExit:
-        raise UserError(condense(captured.getvalue())) from None
+        raise CommandLineError(condense(captured.getvalue())) from None
     except ConfigError as e:
-        raise UserError(str(e)) from None
+        raise CommandLineError(str(e)) from None
 
 
 def renamed(argv: Sequence[str]) -> list[str]:

@@ -9,9 +9,10 @@ from typing import Any
 
 from configs import Config, ConfigError
 from rlcore.config.algo_checks import need
-from rlcore.config.defaults import DTYPES
+from rlcore.models.specs import DTYPES
 from rlcore.rewards.judge import DEFAULT_TEMPLATE, PARSERS, Judge, Parser, check_template
 from rlcore.rollout.base import SamplingParams
+from rlcore.rollout.engines import EngineKind, engine_class, engine_kind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,8 +35,8 @@ def judge_parts(cfg: Config) -> JudgeParts | None:
     need(r.judge_temperature >= 0, f"--reward.judge-temperature {r.judge_temperature}: must be >= 0")
     from rlcore.models.policy import BUILTIN_PREFIX, load_tokenizer
 
-    need(r.judge_engine != "vllm" or not r.judge.startswith(BUILTIN_PREFIX),
-         f"--reward.judge-engine vllm: {r.judge} is a built-in model, which vLLM cannot read; use "
+    need(not engine_kind(r.judge_engine).own_weights or not r.judge.startswith(BUILTIN_PREFIX),
+         f"--reward.judge-engine {r.judge_engine}: {r.judge} is a built-in model, which vLLM cannot read; use "
          "--reward.judge-engine native")  # fmt: skip
     try:
         tokenizer = load_tokenizer(r.judge)
@@ -89,33 +90,34 @@ def build_judge(cfg: Config, parts: JudgeParts, dist: Any) -> Judge:
     """The judge with its own engine on this rank's device: native over its model, or vLLM."""
     r = cfg.reward
     sampling = SamplingParams(n=1, max_tokens=r.judge_max_tokens, temperature=r.judge_temperature)
-    engine = _vllm(cfg) if r.judge_engine == "vllm" else _native(cfg, parts.tokenizer, dist)
+    kind = engine_kind(r.judge_engine)
+    engine = _from_directory(cfg, kind) if kind.own_weights else _from_module(cfg, kind, parts.tokenizer, dist)
     return Judge(engine=engine, tokenizer=parts.tokenizer, template=parts.template, parse=parts.parse,
                  sampling=sampling, failure_score=r.failure_score, seed=cfg.trainer.seed,
                  sources=parts.sources)  # fmt: skip
 
 
-def _native(cfg: Config, tokenizer: Any, dist: Any) -> Any:
+def _from_module(cfg: Config, kind: EngineKind, tokenizer: Any, dist: Any) -> Any:
+    """An engine over the judge's model, loaded here on this rank's device."""
     from rlcore.models.policy import load_model
-    from rlcore.rollout.native.engine import NativeEngine
 
     try:
         model = load_model(cfg.reward.judge, dtype=DTYPES[cfg.model.dtype], seed=cfg.trainer.seed)
     except ValueError as e:
         raise ConfigError(f"--reward.judge: {e}") from None
     model = model.to(dist.device).eval().requires_grad_(False)
-    return NativeEngine(model, tokenizer, device=dist.device, generator_seed=cfg.trainer.seed)
+    return engine_class(kind)(model, tokenizer, device=dist.device, generator_seed=cfg.trainer.seed)
 
 
-def _vllm(cfg: Config) -> Any:
+def _from_directory(cfg: Config, kind: EngineKind) -> Any:
+    """An engine that loads the judge's own directory."""
     from rlcore.models.hub import model_directory
-    from rlcore.rollout.vllm.engine import VLLMEngine
 
     path = cfg.reward.judge
     try:
-        return VLLMEngine(model_directory(path), dtype=cfg.model.dtype, seed=cfg.trainer.seed,
-                          gpu_memory_utilization=cfg.rollout.gpu_memory_utilization)  # fmt: skip
+        return engine_class(kind)(model_directory(path), dtype=cfg.model.dtype, seed=cfg.trainer.seed,
+                                  gpu_memory_utilization=cfg.rollout.gpu_memory_utilization)  # fmt: skip
     except ImportError as e:
-        raise ConfigError(f"--reward.judge-engine vllm: {e}") from None
+        raise ConfigError(f"--reward.judge-engine {kind.name}: {e}") from None
     except ValueError as e:
-        raise ConfigError(f"--reward.judge-engine vllm with --reward.judge {path}: {e}") from None
+        raise ConfigError(f"--reward.judge-engine {kind.name} with --reward.judge {path}: {e}") from None

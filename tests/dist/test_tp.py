@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from rlcore.dist.tp import tp_problem
+from rlcore.models.parallel import tp_problem
 from tests.dist import workers
 
 

@@ -27,6 +27,7 @@ from rlcore.dist import (
     save_hf_pretrained,
 )
 from rlcore.dist.ep import apply_ep, expert_params
+from rlcore.models.recompute import selective_contexts
 from rlcore.models import load_policy
 from rlcore.models.forward import compute_logprobs, micro_batches
 from tests.configured import new_state, update
@@ -96,7 +97,8 @@ def update_scenarios(rank: int, directory: Path, scenarios: list[dict]) -> None:
         model = scenario_model(sc)
         experts = None
         if sc.get("checkpointing"):  # the backward recomputes each layer: its all-to-alls again
-            apply_activation_checkpointing(model, selective=sc["checkpointing"] == "selective")
+            selective = sc["checkpointing"] == "selective"
+            apply_activation_checkpointing(model, context_fn=selective_contexts if selective else None)
         if sc.get("ep"):  # experts over an (ep_replicate, ep) mesh of the 2 ranks, FSDP2 for the rest
             apply_ep(model, DeviceMesh("cpu", torch.arange(WORLD).view(sc["ep"]), mesh_dim_names=EP_AXES))
             experts = expert_params(model)
@@ -221,7 +223,7 @@ def exact_rows_worker(rank: int, directory: Path, differ: bool) -> None:
     from rlcore.models import exact_kernels
     from rlcore.trainer.models import agree_exact_rows
 
-    exact_kernels.ROWS[torch.float32] = exact_kernels.Rows(tile=64) if differ and rank == 1 else exact_kernels.Rows()
+    exact_kernels.ROWS[torch.float32] = exact_kernels.KernelRows(tile=64) if differ and rank == 1 else exact_kernels.KernelRows()
     try:
         agree_exact_rows()
         said = "agree"
@@ -275,7 +277,7 @@ def tp_logprobs_and_grads(rank: int, directory: Path, kind: str, fsdp: bool, lor
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
-    from rlcore.dist.tp import apply_tp
+    from rlcore.models.parallel import apply_family_tp
     from tests.dist.rollouts import fake_rollout
 
     tied = kind.endswith("-tied")
@@ -283,7 +285,7 @@ def tp_logprobs_and_grads(rank: int, directory: Path, kind: str, fsdp: bool, lor
     if lora:
         reference, model = (_lora_pair_member(m) for m in (reference, model))
     mesh = init_device_mesh("cpu", (1, WORLD), mesh_dim_names=("dp_shard", "tp"))
-    apply_tp(model, mesh["tp"])
+    apply_family_tp(model, mesh["tp"])
     if fsdp:
         apply_fsdp(model, mesh["dp_shard"])
     batch = fake_rollout(3, 2, max_prompt=5, max_response=6, vocab=model.config.vocab_size, seed=1)

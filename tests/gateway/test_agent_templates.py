@@ -1,4 +1,4 @@
-"""Agents through `AgentEngine` on the tiny model: a LangChain chat model as the client, and a chat template that
+"""Agents through `GatewayAgentEngine` on the tiny model: a LangChain chat model as the client, and a chat template that
 drops earlier `<think>` blocks (as Qwen3's does), whose trajectories split into samples that are counted."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 from rlcore.data.prompts import make_prompt_batch
 from rlcore.data.rows import Row
-from rlcore.gateway.agents import AgentEngine
+from rlcore.gateway.agents import GatewayAgentEngine
 from rlcore.models import load_policy
 from rlcore.rollout import NativeEngine, SamplingParams
 
@@ -38,7 +38,7 @@ def rollout(agent, *, template: str | None = None, slow_s: float = 0.0, **option
     if slow_s:  # calls of 30 tokens take `slow_s` seconds more
         generate = inner.generate
         inner.generate = lambda p, s: (time.sleep(slow_s) if s.max_tokens == 30 else None) or generate(p, s)
-    engine = AgentEngine(inner, tokenizer, agent, **options)
+    engine = GatewayAgentEngine(inner, tokenizer, agent, **options)
     try:
         out = engine.generate(prompts, SamplingParams(n=2, max_tokens=40, temperature=1.0))
         time.sleep(slow_s)  # what was still in flight would have landed by now

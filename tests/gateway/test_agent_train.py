@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlcore.batch import Batch
-from rlcore.gateway.agents import AgentEngine, outcome_of
+from rlcore.gateway.agents import GatewayAgentEngine, outcome_of
 from rlcore.models import load_policy
 from rlcore.rewards.pool import RewardScorer
 from rlcore.rewards.step import score_step
@@ -115,7 +115,7 @@ def test_what_an_agent_returns():
 
 
 def test_the_engines_rows_are_the_recorded_calls_and_the_run_sets_the_sampling():
-    """The rows an AgentEngine returns are its sessions' token ids; the agent's temperature is overridden."""
+    """The rows an GatewayAgentEngine returns are its sessions' token ids; the agent's temperature is overridden."""
     from rlcore.data.prompts import make_prompt_batch
     from rlcore.data.rows import Row
     from rlcore.pure.logprobs import token_logprobs
@@ -134,7 +134,7 @@ def test_the_engines_rows_are_the_recorded_calls_and_the_run_sets_the_sampling()
     inner, shapes = NativeEngine(model, tokenizer), []
     generate = inner.generate
     inner.generate = lambda p, s: shapes.append((len(p), s.n)) or generate(p, s)
-    engine = AgentEngine(inner, tokenizer, hot, concurrency=6)
+    engine = GatewayAgentEngine(inner, tokenizer, hot, concurrency=6)
     try:
         out = engine.generate(prompts, SamplingParams(n=3, max_tokens=7, temperature=1.0))
     finally:

@@ -60,7 +60,7 @@ def test_a_tool_call_runs_the_environments_tool_and_its_rubric_scores_the_answer
     rollout through the gateway, rewarded 1.0 by the env's rubric."""
     from rlcore.data.prompts import make_prompt_batch
     from rlcore.data.rows import Row
-    from rlcore.gateway.agents import GIVEN, AgentEngine
+    from rlcore.gateway.agents import GIVEN, GatewayAgentEngine
     from rlcore.gateway.verifiers_env import verifiers_agent
     from rlcore.rollout import NativeEngine, SamplingParams
     from tests.rollout.chatml import build_chatml_tokenizer
@@ -72,7 +72,7 @@ def test_a_tool_call_runs_the_environments_tool_and_its_rubric_scores_the_answer
     model = ScriptedLMCache(chat_script(tok, [call, "5"]), len(tok))
     prompts = make_prompt_batch([Row(data_source="builtin/add", prompt=[{"role": "user", "content": "2+3"}],
                                      ground_truth="5")], tok, uids=["a"])  # fmt: skip
-    engine = AgentEngine(NativeEngine(model, tok), tok, verifiers_agent(str(ENVS / "add_tool_env.py")))
+    engine = GatewayAgentEngine(NativeEngine(model, tok), tok, verifiers_agent(str(ENVS / "add_tool_env.py")))
     try:
         out = engine.generate(prompts, SamplingParams(n=2, max_tokens=64))
     finally:

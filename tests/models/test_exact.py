@@ -286,7 +286,7 @@ def test_stacked_products_are_checked_before_the_lean_step_fuses_them(monkeypatc
     plain = exact.product
     monkeypatch.setattr(exact_kernels, "product",
                         lambda x, w, b=None, rows=None: plain(x, w, b) * (1 + 1e-3 * (w.shape[0] > 600)))  # fmt: skip
-    assert not exact_kernels._stacks_exactly.__wrapped__(576, (576, 192, 192), torch.float32, cpu, exact_kernels.Rows())
+    assert not exact_kernels._stacks_exactly.__wrapped__(576, (576, 192, 192), torch.float32, cpu, exact_kernels.KernelRows())
 
 
 

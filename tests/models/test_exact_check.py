@@ -15,7 +15,7 @@ import torch
 from rlcore.batch import Batch
 from rlcore.models import exact_check, exact_kernels, load_policy
 from rlcore.models.exact import make_exact
-from rlcore.models.exact_kernels import Rows
+from rlcore.models.exact_kernels import KernelRows
 from rlcore.models.forward import compute_logprobs
 from rlcore.models.onednn import cpu_isa
 from tests.models.test_exact import PROMPTS
@@ -79,9 +79,9 @@ def test_the_check_finds_a_layout_for_kernels_blocked_by_row_count_and_the_run_i
     fresh.setattr(exact_kernels, "kernel", amx_like)
     model, tokenizer = load_policy("builtin:tiny-reverse")
     make_exact(model.eval())
-    assert exact_kernels.ROWS[torch.float32] == Rows(tile=64)
+    assert exact_kernels.ROWS[torch.float32] == KernelRows(tile=64)
     assert differing(*sampled_and_rescored(model, tokenizer)) == 0
-    fresh.setitem(exact_kernels.ROWS, torch.float32, Rows())
+    fresh.setitem(exact_kernels.ROWS, torch.float32, KernelRows())
     assert differing(*sampled_and_rescored(model, tokenizer)) > 0
 
 
@@ -95,7 +95,7 @@ def test_on_this_cpu_the_real_kernels_keep_the_cheapest_layout_or_another_that_h
         assert all(exact_check.row_invariant(rows, n, k, dtype, cpu, batched=b) for n, k, b in shapes)
         print(f"{cpu_isa()} {dtype}: {rows.name}")
     fresh.setattr(exact_kernels, "kernel", amx_like)
-    assert not exact_check.row_invariant(Rows(), 1536, 576, torch.bfloat16, cpu, batched=False)
+    assert not exact_check.row_invariant(KernelRows(), 1536, 576, torch.bfloat16, cpu, batched=False)
 
 
 def test_kernels_no_layout_can_hide_are_refused_in_one_line(fresh):
@@ -135,7 +135,7 @@ def test_a_tiled_layout_calls_the_kernel_on_whole_tiles_only(m, monkeypatch):
     monkeypatch.setattr(exact_kernels, "kernel", recording)
     torch.manual_seed(0)
     x, w = torch.randn(m, 32), torch.randn(48, 32)
-    out = exact_kernels.product(x, w, rows=Rows(tile=64))
+    out = exact_kernels.product(x, w, rows=KernelRows(tile=64))
     assert set(calls) == {64} and len(calls) == -(-m // 64)
     tiles = [torch.nn.functional.pad(t, (0, 0, 0, 64 - t.shape[0])) for t in x.split(64)]
     by_hand = torch.cat([REAL(t, w, None)[: len(s)] for t, s in zip(tiles, x.split(64), strict=True)])

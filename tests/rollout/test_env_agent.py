@@ -14,7 +14,8 @@ from rlcore.data.rows import Row
 from rlcore.models.forward import compute_logprobs
 from rlcore.rewards.pool import RewardScorer
 from rlcore.rewards.step import score_step
-from rlcore.rollout import NativeEngine, SamplingParams, run_agent
+from rlcore.rollout import NativeEngine, SamplingParams
+from rlcore.rollout.agent import run_agent
 from rlcore.rollout.agent.chat import load_tools, parse_hermes
 from rlcore.rollout.agent.loop import EnvOptions
 from tests.rollout.chatml import THINK_TEMPLATE, build_chatml_tokenizer

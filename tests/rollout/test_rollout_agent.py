@@ -10,7 +10,8 @@ from rlcore.data.rows import Row
 from rlcore.data.tasks import split_of
 from rlcore.models import load_policy
 from rlcore.pure.logprobs import token_logprobs
-from rlcore.rollout import NativeEngine, SamplingParams, ToolFormat, run_agent
+from rlcore.rollout import NativeEngine, SamplingParams
+from rlcore.rollout.agent import ToolFormat, run_agent
 from rlcore.rollout.agent import tools as tools_module
 from rlcore.rollout.agent.loop import observe, parse_tool_call
 from rlcore.rollout.agent.tools import TOOLS, ToolError, calculator, python_tool

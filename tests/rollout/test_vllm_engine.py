@@ -23,7 +23,8 @@ from rlcore.data.prompts import left_pad
 from rlcore.models import build_char_tokenizer, builtin_config, load_policy
 from rlcore.pure import token_logprobs
 from rlcore.rollout.base import RolloutEngine, SamplingParams
-from rlcore.rollout.vllm.engine import INSTALL_HINT, logprob_gap
+from rlcore.rollout.vllm.engine import INSTALL_HINT
+from rlcore.step.steps import logprob_gap
 
 TEXTS = ["abc", "hello world", "x", "12+34=", "reverse me please", "The quick brown fox"]
 _PROCESS_STATE: dict[str, bool] = {}  # what the engine fixture saw around the constructor

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, MixtralConfig, OlmoeConfig, Qwen2
 from rlcore.models import build_char_tokenizer
 from rlcore.pure import token_logprobs
 from rlcore.rollout.base import SamplingParams
-from rlcore.rollout.vllm.engine import logprob_gap
+from rlcore.step.steps import logprob_gap
 from tests.rollout.test_vllm_engine import TEXTS, make_prompts, require_vllm, teacher_forced_logits
 
 TOKENIZER = build_char_tokenizer()

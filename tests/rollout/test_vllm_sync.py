@@ -20,8 +20,8 @@ from rlcore.dist.stream import WeightPush, iter_full_state
 from rlcore.models import build_char_tokenizer, builtin_config
 from rlcore.pure import token_logprobs
 from rlcore.rollout.base import SamplingParams
-from rlcore.rollout.vllm.engine import logprob_gap
 from rlcore.step.faults import Hooks
+from rlcore.step.steps import logprob_gap
 from rlcore.step.weights import push_weights
 from rlcore.trainer.health import gap_warning
 from tests.rollout.test_vllm_engine import TEXTS, make_prompts, require_vllm, teacher_forced_logits

@@ -13,7 +13,7 @@ from rlcore.tinker.sampling import SampleOp
 
 
 class Recorder:
-    """Stands in for `Served` (what the worker runs): records the order of the calls."""
+    """Stands in for `TinkerModels` (what the worker runs): records the order of the calls."""
 
     def __init__(self) -> None:
         self.calls: list = []

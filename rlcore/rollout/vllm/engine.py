@@ -80,7 +80,7 @@ from rlcore.rollout.base import SamplingParams
 from rlcore.rollout.vllm.cpu_experts import CpuExperts
 from rlcore.rollout.vllm.process import preserve_process_state
 from rlcore.rollout.vllm.process import set_env_defaults as _set_env_defaults
-from rlcore.rollout.vllm.protocol import Sample, response_fields, vllm_sampling_fields
+from rlcore.rollout.vllm.protocol import StepwiseSample, response_fields, vllm_sampling_fields
 from rlcore.rollout.vllm.support import (  # noqa: F401  (config_head_dim, vllm_problem: imported from here)
     CPU_HEAD_DIMS,
     INSTALL_HINT,
@@ -91,7 +91,6 @@ from rlcore.rollout.vllm.support import (  # noqa: F401  (config_head_dim, vllm_
 )
 from rlcore.rollout.vllm.weights import cpu_gemms, load_into, loader_weights
 from rlcore.rollout.vllm.weights import repack_stale_cpu_weights as _repack_stale_cpu_weights
-from rlcore.step.steps import logprob_gap  # noqa: F401  (its home was here: scripts import it from here)
 
 # `_set_env_defaults` and `_repack_stale_cpu_weights` keep their old names here: tests call and patch them.
 
@@ -272,12 +271,12 @@ class VLLMEngine:
 
     def _generate_stepwise(
         self, token_prompts: list[dict[str, Any]], params: list[Any], n: int, hook: Callable[[Tensor], None]
-    ) -> list[Sample]:
+    ) -> list[StepwiseSample]:
         """`llm.generate`, one `LLMEngine.step` at a time with `hook` between them (see `each_step`)."""
         from vllm.sampling_params import RequestOutputKind
 
         engine = self.llm.llm_engine
-        samples = [Sample() for _ in range(len(token_prompts) * n)]  # prompt-major, n each
+        samples = [StepwiseSample() for _ in range(len(token_prompts) * n)]  # prompt-major, n each
         rows: dict[str, int] = {}
         for i, (prompt, p) in enumerate(zip(token_prompts, params, strict=True)):
             p.output_kind = RequestOutputKind.DELTA  # each step's new tokens only

@@ -7,7 +7,7 @@ of a request, and the response fields of vLLM's completions.
 The vLLM engine (`rlcore.rollout.vllm.engine`) sends every request through `vllm_sampling_fields` and
 turns what comes back into the batch fields every engine returns with `response_fields`. Greedy requests
 ask for no log-probs (their `rollout_logprobs` are 0) and drop the filters that do nothing at temperature
-0; text is detokenized only when stop strings need it. `Sample` holds one sample of a generate driven one
+0; text is detokenized only when stop strings need it. `StepwiseSample` holds one sample of a generate driven one
 engine step at a time, grown from vLLM's delta outputs into what a final completion holds.
 """
 
@@ -22,7 +22,7 @@ from rlcore.rollout.base import SamplingParams
 
 
 @dataclasses.dataclass
-class Sample:
+class StepwiseSample:
     """One sample of a stepwise generate, grown by vLLM's delta outputs (the fields of a final
     `CompletionOutput` that `response_fields` reads)."""
 
