@@ -11,7 +11,7 @@ from typing import Any
 
 from rlcore.models.build import build_engine_copy, load
 from rlcore.models.specs import EngineSpec, ModelSpec, SpecError
-from rlcore.rollout.engines import engine_kind
+from rlcore.rollout.engines import engine_class, engine_kind
 
 
 def build_engine(model: ModelSpec, engine: EngineSpec, module: Any, tokenizer: Any, dist: Any) -> Any:
@@ -81,3 +81,34 @@ def _vllm_engine(model: ModelSpec, engine: EngineSpec, module: Any, tokenizer: A
     finally:
         if temporary:  # vLLM holds the weights and tokenizer now; later weights come by load_weights
             shutil.rmtree(temporary, ignore_errors=True)
+
+
+def build_judge_engine(model: ModelSpec, engine: EngineSpec, tokenizer: Any, dist: Any) -> Any:
+    """An engine over a frozen model of its own (a generative judge's), on this rank's device: native over
+    the model loaded here (its sampling stream seeded with `engine.seed` on every rank), or an engine that
+    loads the model's directory itself (vllm). SpecError "path" (no model there), "kind" (the engine
+    cannot start here) or "engine" (it cannot run this model)."""
+    kind = engine_kind(engine.kind)
+    if kind.own_weights:
+        return _directory_engine(model, engine)
+    from rlcore.models.policy import load_model
+
+    try:
+        module = load_model(model.path, dtype=model.torch_dtype, seed=model.seed)
+    except ValueError as e:
+        raise SpecError("path", str(e)) from None
+    module = module.to(dist.device).eval().requires_grad_(False)
+    return engine_class(kind)(module, tokenizer, device=dist.device, generator_seed=engine.seed)
+
+
+def _directory_engine(model: ModelSpec, engine: EngineSpec) -> Any:
+    from rlcore.models.hub import model_directory
+
+    try:
+        return engine_class(engine_kind(engine.kind))(model_directory(model.path), dtype=model.dtype, seed=engine.seed,
+                                                      gpu_memory_utilization=engine.gpu_memory_utilization)  # fmt: skip
+    except ImportError as e:
+        raise SpecError("kind", str(e)) from None
+    except ValueError as e:
+        raise SpecError("engine", str(e)) from None
+

@@ -95,8 +95,14 @@ def _need(body: dict, *names: str) -> list:
 def create_app(api: Api) -> FastAPI:
     """The FastAPI app of `api` (module docstring)."""
     app = FastAPI(title="rlcore Tinker API", docs_url=None, redoc_url=None, openapi_url=None)
-    served = api.served
+    for add in (_error_handlers, _session_routes, _model_routes, _training_routes, _sampling_routes,
+                _future_routes):  # fmt: skip
+        add(app, api)
+    return app
 
+
+def _error_handlers(app: FastAPI, api: Api) -> None:
+    """Bad requests as 400s with a readable `detail`."""
     @app.exception_handler(UserError)
     async def _user_error(request: Request, exc: UserError) -> JSONResponse:
         return JSONResponse(status_code=400, content={"detail": str(exc)})
@@ -110,6 +116,9 @@ def create_app(api: Api) -> FastAPI:
     async def _unreadable(request: Request, exc: Exception) -> JSONResponse:  # a field of the wrong type
         return JSONResponse(status_code=400, content={"detail": f"{request.url.path}: a field is unreadable ({exc})"})
 
+
+def _session_routes(app: FastAPI, api: Api) -> None:
+    """The client's configuration, health, capabilities and the session calls."""
     @app.post("/api/v1/client/config")
     async def client_config() -> dict:
         return CLIENT_CONFIG
@@ -142,6 +151,11 @@ def create_app(api: Api) -> FastAPI:
     async def finish(session_id: str) -> dict:
         return {}
 
+
+def _model_routes(app: FastAPI, api: Api) -> None:
+    """Training clients: create one (fresh or from a saved state), describe it, load a state into it."""
+    served = api.served
+
     @app.post("/api/v1/create_model")
     async def create_model(request: Request) -> dict:
         body = await request.json()
@@ -162,6 +176,23 @@ def create_app(api: Api) -> FastAPI:
         return {"model_id": model_id, "model_data": data, "is_lora": model.lora_rank > 0,
                 "lora_rank": model.lora_rank, "type": "get_info"}  # fmt: skip
 
+    @app.post("/api/v1/load_weights")
+    async def load_weights(request: Request) -> dict:
+        body = await request.json()
+        optimizer = bool(body.get("optimizer", False))
+        if body.get("model_id"):  # load_state on an existing training client
+            key = ("train", body["model_id"], body.get("seq_id"))
+            return api.submit(key, LoadState(body["model_id"], body.get("path", ""), optimizer, create=False))
+        key = ("model", body.get("session_id"), body.get("model_seq_id"))
+        try:
+            model_id = _model_id(body)
+        except UserError as e:
+            return api.failed(key, e)
+        return api.submit(key, LoadState(model_id, body.get("path", ""), optimizer, create=True), model_id=model_id)
+
+
+def _training_routes(app: FastAPI, api: Api) -> None:
+    """Training clients' operations: forward_backward, optim_step, save, a sampler's weights."""
     @app.post("/api/v1/forward_backward")
     async def forward_backward(request: Request) -> dict:
         body = await request.body()
@@ -187,26 +218,17 @@ def create_app(api: Api) -> FastAPI:
         name = body.get("path") or f"state-{body.get('seq_id', 0)}"
         return api.submit(key, SaveState(body.get("model_id", ""), name))
 
-    @app.post("/api/v1/load_weights")
-    async def load_weights(request: Request) -> dict:
-        body = await request.json()
-        optimizer = bool(body.get("optimizer", False))
-        if body.get("model_id"):  # load_state on an existing training client
-            key = ("train", body["model_id"], body.get("seq_id"))
-            return api.submit(key, LoadState(body["model_id"], body.get("path", ""), optimizer, create=False))
-        key = ("model", body.get("session_id"), body.get("model_seq_id"))
-        try:
-            model_id = _model_id(body)
-        except UserError as e:
-            return api.failed(key, e)
-        return api.submit(key, LoadState(model_id, body.get("path", ""), optimizer, create=True), model_id=model_id)
-
     @app.post("/api/v1/save_weights_for_sampler")
     async def save_for_sampler(request: Request) -> dict:
         body = await request.json()
         key = ("train", body.get("model_id"), body.get("seq_id"))
         sampler_id = f"sampler-{uuid.uuid4().hex[:12]}"
         return api.submit(key, SaveForSampler(body.get("model_id", ""), sampler_id, body.get("path")))
+
+
+def _sampling_routes(app: FastAPI, api: Api) -> None:
+    """Sampling clients: create one from saved weights, describe it, sample."""
+    served = api.served
 
     @app.post("/api/v1/create_sampling_session")
     async def create_sampling_session(request: Request) -> dict:
@@ -239,6 +261,9 @@ def create_app(api: Api) -> FastAPI:
             return {**api.failed(key, e), "sample_sequence_ids": []}
         return api.submit(key, op, sample_sequence_ids=[f"seq-{uuid.uuid4().hex[:12]}" for _ in range(n)])
 
+
+def _future_routes(app: FastAPI, api: Api) -> None:
+    """The SDK's polling of a submitted operation's result."""
     @app.post("/api/v1/retrieve_future")
     async def retrieve_future(request: Request) -> Response:
         (request_id,) = _need(await request.json(), "request_id")
@@ -252,8 +277,6 @@ def create_app(api: Api) -> FastAPI:
         if result.proto is not None:
             return Response(content=result.proto, media_type="application/x-protobuf")
         return Response(content=json.dumps(result.json), media_type="application/json")
-
-    return app
 
 
 def _model_id(body: dict) -> str:

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -53,23 +54,66 @@ def build(
     """The run of `cfg`, resolved (`rlcore.config.defaults.resolve`); `defaulted` names the values its
     model's kind gave it (`defaults.defaulted` of the user's config): printed first, kept in config.json."""
     defaulted = defaulted or {}
-    timeout = cfg.trainer.rendezvous_timeout_s
-    if not (timeout > 0 and math.isfinite(timeout)):  # before the world forms: preflight needs it formed
-        raise ConfigError(f"--trainer.rendezvous-timeout-s {timeout}: must be a number of seconds > 0")
-    try:
-        info = init_distributed(cfg.trainer.device, rendezvous_timeout_s=timeout)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    info = _world(cfg)
     preflight(cfg, info)  # every check that needs no weights, in one pass
     agent_files = agents.load_agent_files(cfg)  # a bad env / tools file stops here, before any model loads
     placement = _placement(cfg, info)
-    dist, mesh, trains, generates = placement.local, placement.mesh, placement.trains, placement.generates
     torch.manual_seed(cfg.trainer.seed)
     algorithm, plan = bind(cfg)
     if placement.writes:  # the first lines of the run: what the model's kind chose, bf16 where it is slow
         report_defaults(cfg, defaulted, critic=algorithm.needs_critic)
         _warn_slow_bf16(cfg, on_cpu=info.device.type == "cpu")
     out_dir = Path(cfg.out_dir or f"runs/{cfg.preset}-{datetime.now():%Y%m%d-%H%M%S}")
+    inputs = _inputs(cfg, info, agent_files)
+    memory.note_process()  # what the process holds before any weights (perf/mem/process_mb)
+    # a rollout rank of split placement loads the engine's own copy of the policy instead
+    trains = placement.trains
+    model = models.build_policy(cfg, placement) if trains else models.build_engine_copy(cfg, placement.local)
+    if cfg.rollout.exact:
+        models.agree_exact_rows()  # every rank's products in the same row layouts
+    parts = _parts(Parts(cfg=cfg, placement=placement, algorithm=algorithm, plan=plan, model=model, inputs=inputs))
+    logger = _logger(cfg, defaulted, out_dir, writes=placement.writes)
+    _report_start(cfg, inputs, logger, parts["actor"], writes=placement.writes)
+    samples = SampleWriter(out_dir, inputs.tokenizer, k=cfg.log.samples if placement.writes else 0,
+                           wandb_run=logger.wandb_run)  # fmt: skip
+    state = TrainState(actor=parts["actor"], critic=parts["critic"], kl_coef=cfg.algo.kl_coef, cursor=Cursor())
+    h = Handles(out_dir=out_dir, placement=placement, dist=placement.local, mesh=placement.mesh,
+                tokenizer=inputs.tokenizer, train_ds=inputs.train_ds, val_ds=inputs.val_ds, scorer=parts["scorer"],
+                engine=parts["engine"], judge=parts["judge"], ref_model=parts["ref_model"],
+                teacher_model=parts["teacher"], logger=logger, samples=samples,
+                transport=transport_of(placement.role), model_base=model_base(cfg), hooks=Hooks.from_env(),
+                outbox=Outbox() if placement.role == "trainer" else None,
+                relay=_relay(cfg, placement, model))  # fmt: skip
+    return state, h, algorithm, plan
+
+
+def _world(cfg: Config) -> Any:
+    """This process in the torchrun world (formed here: the pre-flight's checks need it)."""
+    timeout = cfg.trainer.rendezvous_timeout_s
+    if not (timeout > 0 and math.isfinite(timeout)):  # before the world forms: preflight needs it formed
+        raise ConfigError(f"--trainer.rendezvous-timeout-s {timeout}: must be a number of seconds > 0")
+    try:
+        return init_distributed(cfg.trainer.device, rendezvous_timeout_s=timeout)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Inputs:
+    """What the models read, loaded and checked before any weights: the tokenizer, a vision-language
+    policy's processor, the judge's parts and the datasets."""
+
+    tokenizer: Any
+    vision: Any
+    judging: judges.JudgeParts | None
+    train_ds: PromptDataset
+    val_ds: PromptDataset | None
+    agent_files: agents.AgentFiles | None
+
+
+def _inputs(cfg: Config, info: Any, agent_files: agents.AgentFiles | None) -> Inputs:
+    """The run's inputs, with the checks that need them and no weights: a teacher's vocabulary, the
+    context, the memory fit, every row's image under torchrun."""
     tokenizer = models.tokenizer_of(cfg)
     vision = models.vision_of(cfg, tokenizer)
     if cfg.algo.teacher is not None:
@@ -82,39 +126,85 @@ def build(
     check_fits(cfg, world_size=info.world_size, on_cpu=info.device.type == "cpu", prompt_tokens=longest)
     if vision is not None and info.world_size > 1:
         _check_every_row_has_an_image(train_ds)
-    memory.note_process()  # what the process holds before any weights (perf/mem/process_mb)
-    # a rollout rank of split placement loads the engine's own copy of the policy instead
-    model = models.build_policy(cfg, placement) if trains else models.build_engine_copy(cfg, dist)
-    if cfg.rollout.exact:
-        models.agree_exact_rows()  # every rank's products in the same row layouts
-    scorer = _scorer(cfg, (train_ds, val_ds), judging) if generates else None
-    needs_ref = plan.needs_ref and trains
-    ref_model = models.build_reference(cfg, placement) if needs_ref else None
-    teacher = models.build_teacher(cfg, placement) if algorithm.distill is not None and trains else None
-    actor = models.build_state(cfg, model, dist) if trains else None
-    engine = _engine(cfg, placement, model, tokenizer, agent_files, vision) if generates else None
-    judge = None
-    if judging is not None and generates:
-        with as_world(placement.rollouts if engine_kind(cfg.reward.judge_engine).own_world else None):
-            judge = judges.build_judge(cfg, judging, dist)
-    critic = models.build_critic_state(cfg, placement) if algorithm.needs_critic and trains else None
-    logger = _logger(cfg, defaulted, out_dir, writes=placement.writes)
-    report_data(cfg, train_ds, val_ds, logger, prints=placement.writes)
-    if vision is not None and cfg.algo.share_prompts and placement.writes:
+    return Inputs(tokenizer=tokenizer, vision=vision, judging=judging, train_ds=train_ds, val_ds=val_ds,
+                  agent_files=agent_files)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Parts:
+    """What each part of a rank's run is built from."""
+
+    cfg: Config
+    placement: Any
+    algorithm: Algorithm
+    plan: StepPlan
+    model: Any
+    """The trained policy (a rollout rank of split placement: the engine's copy)."""
+    inputs: Inputs
+
+
+def _scorer_part(p: Parts) -> RewardScorer:
+    return _scorer(p.cfg, (p.inputs.train_ds, p.inputs.val_ds), p.inputs.judging)
+
+
+def _reference_part(p: Parts) -> Any:
+    return models.build_reference(p.cfg, p.placement) if p.plan.needs_ref else None
+
+
+def _teacher_part(p: Parts) -> Any:
+    return models.build_teacher(p.cfg, p.placement) if p.algorithm.distill is not None else None
+
+
+def _actor_part(p: Parts) -> Any:
+    return models.build_state(p.cfg, p.model, p.placement.local)
+
+
+def _engine_part(p: Parts) -> Any:
+    """The rollout engine, in the agent loop where the run has one. An in-process vLLM takes the default
+    group as its world: there, the rollout ranks."""
+    cfg, placement, inputs = p.cfg, p.placement, p.inputs
+    with as_world(placement.rollouts if engine_kind(cfg.rollout.engine).own_world else None):
+        engine = models.build_engine(cfg, p.model, inputs.tokenizer, placement.local)
+    return agents.agent_engine(cfg, engine, inputs.tokenizer, inputs.agent_files, inputs.vision)
+
+
+def _judge_part(p: Parts) -> Any:
+    if p.inputs.judging is None:
+        return None
+    with as_world(p.placement.rollouts if engine_kind(p.cfg.reward.judge_engine).own_world else None):
+        return judges.build_judge(p.cfg, p.inputs.judging, p.placement.local)
+
+
+def _critic_part(p: Parts) -> Any:
+    return models.build_critic_state(p.cfg, p.placement) if p.algorithm.needs_critic else None
+
+
+PARTS: tuple[tuple[str, str, Callable[[Parts], Any]], ...] = (
+    ("scorer", "generates", _scorer_part),
+    ("ref_model", "trains", _reference_part),
+    ("teacher", "trains", _teacher_part),
+    ("actor", "trains", _actor_part),
+    ("engine", "generates", _engine_part),
+    ("judge", "generates", _judge_part),
+    ("critic", "trains", _critic_part),
+)
+"""A rank's parts in the order they are built (the order seeds and memory see), each with the role that
+holds it (`Placement.trains` / `.generates`: colocated ranks hold both)."""
+
+
+def _parts(p: Parts) -> dict[str, Any]:
+    """Every part this rank's role holds, built in PARTS' order; None for the others."""
+    return {name: make(p) if getattr(p.placement, role) else None for name, role, make in PARTS}
+
+
+def _report_start(cfg: Config, inputs: Inputs, logger: MetricsLogger, actor: Any, *, writes: bool) -> None:
+    """The data lines, a vision policy's packing note, and what trains and what the optimizer holds."""
+    report_data(cfg, inputs.train_ds, inputs.val_ds, logger, prints=writes)
+    if inputs.vision is not None and cfg.algo.share_prompts and writes:
         print("warning: --algo.share-prompts is off for a vision-language policy: its forwards run one row per "
               "sample (packing image tokens is not measured yet)", file=sys.stderr, flush=True)  # fmt: skip
     if actor is not None:  # what trains (a LoRA policy: the adapters) and what the optimizer holds
         logger.once(parameter_counts(actor))
-    samples = SampleWriter(out_dir, tokenizer, k=cfg.log.samples if placement.writes else 0,
-                           wandb_run=logger.wandb_run)  # fmt: skip
-    state = TrainState(actor=actor, critic=critic, kl_coef=cfg.algo.kl_coef, cursor=Cursor())
-    h = Handles(out_dir=out_dir, placement=placement, dist=dist, mesh=mesh, tokenizer=tokenizer,
-                train_ds=train_ds, val_ds=val_ds, scorer=scorer, engine=engine, judge=judge, ref_model=ref_model,
-                teacher_model=teacher, logger=logger,
-                samples=samples, transport=transport_of(placement.role), model_base=model_base(cfg),
-                hooks=Hooks.from_env(), outbox=Outbox() if placement.role == "trainer" else None,
-                relay=_relay(cfg, placement, model))  # fmt: skip
-    return state, h, algorithm, plan
 
 
 def _placement(cfg: Config, info: Any) -> Any:
@@ -139,14 +229,6 @@ def _scorer(cfg: Config, datasets: tuple[Any, Any], judging: Any) -> RewardScore
     return RewardScorer(r.custom, data_sources=sources, num_workers=r.num_workers, timeout_s=r.timeout_s,
                         failure_score=r.failure_score, max_error_rate=r.max_error_rate,
                         math_verifier=r.math_verifier)  # fmt: skip
-
-
-def _engine(cfg: Config, placement: Any, model: Any, tokenizer: Any, agent_files: Any, vision: Any) -> Any:
-    """The rollout engine, in the agent loop where the run has one. An in-process vLLM takes the default
-    group as its world: there, the rollout ranks."""
-    with as_world(placement.rollouts if engine_kind(cfg.rollout.engine).own_world else None):
-        engine = models.build_engine(cfg, model, tokenizer, placement.local)
-    return agents.agent_engine(cfg, engine, tokenizer, agent_files, vision)
 
 
 def _logger(cfg: Config, defaulted: dict[str, Any], out_dir: Path, *, writes: bool) -> MetricsLogger:

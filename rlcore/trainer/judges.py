@@ -9,10 +9,11 @@ from typing import Any
 
 from configs import Config, ConfigError
 from rlcore.config.algo_checks import need
-from rlcore.models.specs import DTYPES
+from rlcore.models.specs import EngineSpec, ModelSpec, SpecError
 from rlcore.rewards.judge import DEFAULT_TEMPLATE, PARSERS, Judge, Parser, check_template
 from rlcore.rollout.base import SamplingParams
-from rlcore.rollout.engines import EngineKind, engine_class, engine_kind
+from rlcore.rollout.build import build_judge_engine
+from rlcore.rollout.engines import engine_kind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,37 +88,27 @@ def _parser(spec: str) -> Parser:
 
 
 def build_judge(cfg: Config, parts: JudgeParts, dist: Any) -> Judge:
-    """The judge with its own engine on this rank's device: native over its model, or vLLM."""
+    """The judge with its own engine on this rank's device: native over its model, or vLLM
+    (`rlcore.rollout.build.build_judge_engine`)."""
     r = cfg.reward
     sampling = SamplingParams(n=1, max_tokens=r.judge_max_tokens, temperature=r.judge_temperature)
-    kind = engine_kind(r.judge_engine)
-    engine = _from_directory(cfg, kind) if kind.own_weights else _from_module(cfg, kind, parts.tokenizer, dist)
+    model = ModelSpec(path=r.judge, dtype=cfg.model.dtype, seed=cfg.trainer.seed)
+    spec = EngineSpec(kind=r.judge_engine, seed=cfg.trainer.seed,
+                      gpu_memory_utilization=cfg.rollout.gpu_memory_utilization)  # fmt: skip
+    try:
+        engine = build_judge_engine(model, spec, parts.tokenizer, dist)
+    except SpecError as e:
+        raise ConfigError(_line(cfg, e)) from None
     return Judge(engine=engine, tokenizer=parts.tokenizer, template=parts.template, parse=parts.parse,
                  sampling=sampling, failure_score=r.failure_score, seed=cfg.trainer.seed,
                  sources=parts.sources)  # fmt: skip
 
 
-def _from_module(cfg: Config, kind: EngineKind, tokenizer: Any, dist: Any) -> Any:
-    """An engine over the judge's model, loaded here on this rank's device."""
-    from rlcore.models.policy import load_model
-
-    try:
-        model = load_model(cfg.reward.judge, dtype=DTYPES[cfg.model.dtype], seed=cfg.trainer.seed)
-    except ValueError as e:
-        raise ConfigError(f"--reward.judge: {e}") from None
-    model = model.to(dist.device).eval().requires_grad_(False)
-    return engine_class(kind)(model, tokenizer, device=dist.device, generator_seed=cfg.trainer.seed)
-
-
-def _from_directory(cfg: Config, kind: EngineKind) -> Any:
-    """An engine that loads the judge's own directory."""
-    from rlcore.models.hub import model_directory
-
-    path = cfg.reward.judge
-    try:
-        return engine_class(kind)(model_directory(path), dtype=cfg.model.dtype, seed=cfg.trainer.seed,
-                                  gpu_memory_utilization=cfg.rollout.gpu_memory_utilization)  # fmt: skip
-    except ImportError as e:
-        raise ConfigError(f"--reward.judge-engine {kind.name}: {e}") from None
-    except ValueError as e:
-        raise ConfigError(f"--reward.judge-engine {kind.name} with --reward.judge {path}: {e}") from None
+def _line(cfg: Config, e: SpecError) -> str:
+    """The one line of the judge's spec error, named by its flags."""
+    r = cfg.reward
+    return {
+        "path": f"--reward.judge: {e}",
+        "kind": f"--reward.judge-engine {r.judge_engine}: {e}",
+        "engine": f"--reward.judge-engine {r.judge_engine} with --reward.judge {r.judge}: {e}",
+    }[e.field]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from pathlib import Path
 
 from configs import Config
 from rlcore.algorithm import Algorithm
@@ -58,19 +59,10 @@ def run(cfg: Config) -> int:
     memory.return_freed_memory(cfg.trainer.freed_memory)  # freed tensors go back to the kernel
     defaulted = defaults.defaulted(cfg)
     cfg = defaults.resolve(cfg, defaulted)
-    try:
-        state, h, algorithm, plan = build(cfg, defaulted)
-    except USER_ERRORS as e:
-        print(f"error: {e}", file=sys.stderr)
-        close_distributed()
-        return 2
-    except WorldNotFormed as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_PEER_LOST
-    except KeyboardInterrupt:
-        print("interrupted while starting; nothing was trained", file=sys.stderr)
-        close_distributed()
-        return signals.EXIT_INTERRUPTED
+    started = _start(cfg, defaulted)
+    if isinstance(started, int):
+        return started
+    state, h, algorithm, plan = started
     checkpoint_dir = h.out_dir / "checkpoints"
     preemption = signals.Preemption(grace_s=cfg.trainer.preempt_grace_s, at_once=h.placement.split,
                                     newest=lambda: checkpoints.newest(checkpoint_dir))  # fmt: skip
@@ -86,43 +78,67 @@ def run(cfg: Config) -> int:
             holds=lambda: engine_holds(state.actor.model, h.engine),
         )  # test-only (RLCORE_TEST_DUMP_STATE)
         finished = True
-    except StopRun as e:  # disk trouble, an unusable checkpoint: the user's to fix
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2
-    except RewardError as e:  # the step stops before the update that would have used the scores
-        print(f"error: step {control.step}: {e}", file=sys.stderr, flush=True)
-        return 2
-    except (TrainingDiverged, ExactnessLost) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 3
-    except signals.Preempted as e:
-        print(str(e), file=sys.stderr, flush=True)
-        return signals.EXIT_PREEMPTED
-    except signals.Terminated as e:
-        print(
-            f"{e} at step {control.step} (split placement stops at once); the newest checkpoint is "
-            f"{checkpoints.newest(checkpoint_dir)}; continue with --resume auto",
-            file=sys.stderr,
-            flush=True,
-        )
-        return signals.EXIT_PREEMPTED
-    except RuntimeError as e:  # a collective failed: a rank that died takes the others with it
-        line = lost_peer(e)
-        if line is None:
+    except (StopRun, RewardError, TrainingDiverged, ExactnessLost, signals.Preempted, signals.Terminated,
+            RuntimeError, KeyboardInterrupt) as e:  # fmt: skip
+        code = _stopped(e, h, control.step, checkpoint_dir)
+        if code is None:
             raise
-        where = f"step {control.step}: " if control.step else ""  # (a split rollout rank counts no steps)
-        print(f"error: {where}{line}", file=sys.stderr, flush=True)
-        return EXIT_PEER_LOST
-    except KeyboardInterrupt:
-        signals.exit_at_once_on_sigint()
-        if h.placement.writes:
-            checkpoints.discard_partial(checkpoint_dir)
-        print(f"interrupted at step {control.step}; the newest checkpoint is {checkpoints.newest(checkpoint_dir)}; "
-              "continue with --resume auto", file=sys.stderr, flush=True)  # fmt: skip
-        return signals.EXIT_INTERRUPTED
+        return code
     finally:
         _close(h, finished=finished)
     return 0
+
+
+def _start(cfg: Config, defaulted: dict) -> tuple[TrainState, Handles, Algorithm, StepPlan] | int:
+    """The built run, or the exit code of a start that failed (its one line printed)."""
+    try:
+        return build(cfg, defaulted)
+    except USER_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        close_distributed()
+        return 2
+    except WorldNotFormed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_PEER_LOST
+    except KeyboardInterrupt:
+        print("interrupted while starting; nothing was trained", file=sys.stderr)
+        close_distributed()
+        return signals.EXIT_INTERRUPTED
+
+
+def _stopped(e: BaseException, h: Handles, step: int, checkpoint_dir: Path) -> int | None:
+    """The exit code of a run the loop stopped with `e` at `step` (its line printed); None: not ours."""
+    if isinstance(e, (StopRun, RewardError)):  # the user's to fix (disk, a checkpoint, a reward function)
+        where = f"step {step}: " if isinstance(e, RewardError) else ""  # (stopped before the update)
+        print(f"error: {where}{e}", file=sys.stderr, flush=True)
+        return 2
+    if isinstance(e, (TrainingDiverged, ExactnessLost)):
+        print(f"error: {e}", file=sys.stderr)
+        return 3
+    if isinstance(e, signals.Preempted):
+        print(str(e), file=sys.stderr, flush=True)
+        return signals.EXIT_PREEMPTED
+    if isinstance(e, signals.Terminated):
+        print(f"{e} at step {step} (split placement stops at once); the newest checkpoint is "
+              f"{checkpoints.newest(checkpoint_dir)}; continue with --resume auto", file=sys.stderr, flush=True)  # fmt: skip
+        return signals.EXIT_PREEMPTED
+    if isinstance(e, KeyboardInterrupt):
+        return _interrupted(h, step, checkpoint_dir)
+    line = lost_peer(e)  # a collective failed: a rank that died takes the others with it
+    if line is None:
+        return None
+    where = f"step {step}: " if step else ""  # (a split rollout rank counts no steps)
+    print(f"error: {where}{line}", file=sys.stderr, flush=True)
+    return EXIT_PEER_LOST
+
+
+def _interrupted(h: Handles, step: int, checkpoint_dir: Path) -> int:
+    signals.exit_at_once_on_sigint()
+    if h.placement.writes:
+        checkpoints.discard_partial(checkpoint_dir)
+    print(f"interrupted at step {step}; the newest checkpoint is {checkpoints.newest(checkpoint_dir)}; "
+          "continue with --resume auto", file=sys.stderr, flush=True)  # fmt: skip
+    return signals.EXIT_INTERRUPTED
 
 
 def _close(h: Handles, *, finished: bool = False) -> None:

@@ -39,7 +39,7 @@ def _grads(model: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, tor
 
 def _smollm2(selective: bool) -> torch.nn.Module:
     model = load_model(str(smollm2_gguf()))
-    return apply_activation_checkpointing(model, selective=True) if selective else model
+    return apply_activation_checkpointing(model, context_fn=selective_contexts) if selective else model
 
 
 def test_smollm2_gives_the_same_gradients_and_saves_about_half():
@@ -80,7 +80,7 @@ def test_every_family_that_has_it_gives_the_same_gradients(family):
     make = family_model if family in FAMILIES else _dense
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
     loss, grads, saved = _grads(make(family), ids)
-    loss_s, grads_s, saved_s = _grads(apply_activation_checkpointing(make(family), selective=True), ids)
+    loss_s, grads_s, saved_s = _grads(apply_activation_checkpointing(make(family), context_fn=selective_contexts), ids)
     assert torch.equal(loss, loss_s) and torch.equal(grads, grads_s)
     assert saved_s < saved
 
@@ -88,7 +88,7 @@ def test_every_family_that_has_it_gives_the_same_gradients(family):
 def test_gpt_oss_changes_a_kept_product_in_place_so_its_record_refuses_it(tmp_path):
     """Its experts add their biases in place into the grouped products' outputs: the backward stops (not
     other gradients), and a run asking for it is refused in one line before any weights load."""
-    model = apply_activation_checkpointing(family_model("gpt_oss"), selective=True)
+    model = apply_activation_checkpointing(family_model("gpt_oss"), context_fn=selective_contexts)
     with pytest.raises(RuntimeError, match="has been mutated"):
         _grads(model, torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1)))
     directory = tmp_path / "gpt_oss"

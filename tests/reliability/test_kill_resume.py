@@ -57,4 +57,4 @@ def test_a_native_crash_prints_every_threads_python_stack(launch, tmp_path):
     crashed = launch.run(RUN, out=tmp_path, env=env)
     assert crashed.returncode == -signal.SIGABRT, crashed.stderr[-2000:]
     assert "Fatal Python error: Aborted" in crashed.stderr, crashed.stderr[-2000:]
-    assert re.search(r'File ".*rlcore/trainer/faults\.py", line \d+ in kill_point', crashed.stderr)
+    assert re.search(r'File ".*rlcore/step/faults\.py", line \d+ in kill_point', crashed.stderr)
