@@ -1,1 +1,2 @@
-"""The impure shell's pieces used by train.py: metric logging, plots, validation, run directories."""
+"""The shell used by train.py: the command line, the config bound to the library's specs and plans, the
+run built and looped, signals, checkpoints, run directories, metric logging, samples and plots."""
